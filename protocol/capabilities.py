@@ -1,0 +1,52 @@
+"""What a server speaks: protocol version, verbs, architectures, limits; version rules."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .directives import Verb
+from .errors import ErrorCode, LeylineError
+
+PROTOCOL_VERSION = "1.0"
+"""``MAJOR.MINOR``. A minor bump only adds (optional fields, verbs, codes); a major breaks."""
+
+
+class Limits(BaseModel):
+    """Server limits a client can plan around. ``None`` means no limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_directives: int | None = Field(default=64, ge=1)
+    max_replacement_tokens: int | None = Field(default=4096, ge=0)
+    max_session_tokens: int | None = Field(default=None, ge=1)
+    max_sessions: int | None = Field(default=None, ge=1)
+
+
+class Capabilities(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    protocol_version: str = PROTOCOL_VERSION
+    verbs: list[Verb] = Field(description="Verbs the server executes; others get unsupported_verb.")
+    architectures: list[str] = Field(
+        default_factory=list, description="Cache layouts it can rotate, e.g. 'gqa', 'mla'."
+    )
+    models: list[str] = Field(default_factory=list)
+    limits: Limits = Field(default_factory=Limits)
+
+
+def parse_version(version: str) -> tuple[int, int]:
+    try:
+        major, minor = (int(part) for part in version.split("."))
+    except ValueError:
+        raise LeylineError(
+            ErrorCode.incompatible_version,
+            f"protocol version {version!r} is not MAJOR.MINOR (e.g. '1.0')",
+            "protocol_version",
+        ) from None
+    return major, minor
+
+
+def is_compatible(client: str, server: str) -> bool:
+    """A client built for ``client`` can talk to ``server``: same major, server minor >= ours."""
+    (c_major, c_minor), (s_major, s_minor) = parse_version(client), parse_version(server)
+    return c_major == s_major and s_minor >= c_minor

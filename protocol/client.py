@@ -1,0 +1,181 @@
+"""Typed HTTP clients (sync and async) for the ``/leyline/v1/...`` resources.
+
+Errors come back as :class:`~leyline.protocol.errors.LeylineError` with the server's code;
+anything else that is not a success raises :class:`LeylineHTTPError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import httpx
+
+from . import _calls
+from ._calls import Call, LeylineHTTPError
+from .capabilities import Capabilities
+from .directives import Directive
+from .envelope import LeylineResponse, RequestOptions
+from .resources import Message, SessionInfo, TokenizeResponse
+
+__all__ = ["AsyncLeylineClient", "LeylineClient", "LeylineHTTPError"]
+
+T = TypeVar("T")
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class LeylineClient:
+    """``LeylineClient("http://127.0.0.1:8000")``; the base URL is the server root."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self._http = http_client or httpx.Client(base_url=base_url, timeout=timeout)
+        self._http.base_url = httpx.URL(base_url)
+        self._http.headers.update(_headers(api_key))
+
+    def _run(self, call: Call[T]) -> T:
+        return call.parse(self._http.request(call.method, call.path, **call.request_kwargs()))
+
+    def capabilities(self) -> Capabilities:
+        return self._run(_calls.capabilities())
+
+    def create_session(
+        self,
+        session: str | None = None,
+        *,
+        messages: Sequence[Message] | None = None,
+        text: str | None = None,
+        tokens: Sequence[int] | None = None,
+    ) -> SessionInfo:
+        return self._run(_calls.create_session(session, messages, text, tokens))
+
+    def get_session(self, session: str, *, include_tokens: bool = False) -> SessionInfo:
+        return self._run(_calls.get_session(session, include_tokens))
+
+    def delete_session(self, session: str) -> None:
+        self._run(_calls.delete_session(session))
+
+    def apply(
+        self,
+        session: str,
+        base_revision: int,
+        directives: Sequence[Directive],
+        options: RequestOptions | None = None,
+    ) -> LeylineResponse:
+        return self._run(_calls.apply(session, base_revision, directives, options))
+
+    def tokenize(
+        self,
+        text: str | None = None,
+        *,
+        messages: Sequence[Message] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> TokenizeResponse:
+        return self._run(_calls.tokenize(text, messages, add_generation_prompt))
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._run(_calls.detokenize(tokens)).text
+
+    def schema(self) -> dict[str, Any]:
+        return self._run(_calls.schema())
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncLeylineClient:
+    """The async twin of :class:`LeylineClient`; same methods, awaited."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._http = http_client or httpx.AsyncClient(base_url=base_url, timeout=timeout)
+        self._http.base_url = httpx.URL(base_url)
+        self._http.headers.update(_headers(api_key))
+
+    async def _run(self, call: Call[T]) -> T:
+        response = await self._http.request(call.method, call.path, **call.request_kwargs())
+        return call.parse(response)
+
+    async def capabilities(self) -> Capabilities:
+        return await self._run(_calls.capabilities())
+
+    async def create_session(
+        self,
+        session: str | None = None,
+        *,
+        messages: Sequence[Message] | None = None,
+        text: str | None = None,
+        tokens: Sequence[int] | None = None,
+    ) -> SessionInfo:
+        return await self._run(_calls.create_session(session, messages, text, tokens))
+
+    async def get_session(self, session: str, *, include_tokens: bool = False) -> SessionInfo:
+        return await self._run(_calls.get_session(session, include_tokens))
+
+    async def delete_session(self, session: str) -> None:
+        await self._run(_calls.delete_session(session))
+
+    async def apply(
+        self,
+        session: str,
+        base_revision: int,
+        directives: Sequence[Directive],
+        options: RequestOptions | None = None,
+    ) -> LeylineResponse:
+        return await self._run(_calls.apply(session, base_revision, directives, options))
+
+    async def tokenize(
+        self,
+        text: str | None = None,
+        *,
+        messages: Sequence[Message] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> TokenizeResponse:
+        return await self._run(_calls.tokenize(text, messages, add_generation_prompt))
+
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        return (await self._run(_calls.detokenize(tokens))).text
+
+    async def schema(self) -> dict[str, Any]:
+        return await self._run(_calls.schema())
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

@@ -1,0 +1,152 @@
+"""The directive verbs, as one pydantic union discriminated on ``verb``.
+
+The paper's tuple ``(start, end, replacement, mode)`` maps exactly onto ``splice``
+(mode AMORTIZE) and ``forget`` (mode FORGET): see :func:`from_tuple` / :func:`to_tuple`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from .spans import MessageAnchor, Replacement, Span, TokenSpan
+
+
+class Verb(StrEnum):
+    splice = "splice"
+    forget = "forget"
+    erratum = "erratum"
+    compose = "compose"
+    pin = "pin"
+    decay = "decay"
+    scratch = "scratch"
+
+
+class Mode(StrEnum):
+    """The paper's mode ``m`` of a directive tuple."""
+
+    amortize = "amortize"
+    forget = "forget"
+
+
+class _Directive(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpliceDirective(_Directive):
+    """AMORTIZE: replace ``span`` with ``replacement`` and keep the downstream KV.
+
+    Downstream tokens move by ``delta = len(replacement) - len(span)``; their keys are
+    re-rotated, never recomputed, so they keep the influence of the removed content.
+    An empty replacement deletes the span; an empty span inserts.
+    """
+
+    verb: Literal["splice"] = "splice"
+    span: Span
+    replacement: Replacement = ""
+
+
+class ForgetDirective(_Directive):
+    """FORGET: replace ``span`` and re-prefill everything after its start.
+
+    Nothing derived from the removed tokens survives, in this session or in any cache
+    entry shared with others that no other session references.
+    """
+
+    verb: Literal["forget"] = "forget"
+    span: Span
+    replacement: Replacement = ""
+
+
+class ErratumDirective(_Directive):
+    """Append a correction after the cached sequence; the prefix stays byte-identical.
+
+    ``text`` is appended as is. :meth:`for_field` renders the canonical note
+    ``[STATE UPDATE] field -> value; overrides the earlier value``. ``corrects`` optionally
+    names the span the note supersedes (informational; it must exist in the base revision).
+    """
+
+    verb: Literal["erratum"] = "erratum"
+    text: Replacement = Field(min_length=1)
+    corrects: Span | None = None
+
+    @classmethod
+    def for_field(
+        cls, field: str, value: str, corrects: TokenSpan | MessageAnchor | None = None
+    ) -> ErratumDirective:
+        note = f"\n[STATE UPDATE] {field} -> {value}; overrides the earlier value.\n"
+        return cls(text=note, corrects=corrects)
+
+
+class ComposeDirective(_Directive):
+    """Insert a precompiled KV block (a "skill") at token position ``at``.
+
+    Its keys are re-rotated to their new positions and the first ``seam_tokens`` of the
+    block are recomputed against the preceding context; downstream tokens shift as in a
+    splice.
+    """
+
+    verb: Literal["compose"] = "compose"
+    skill: str = Field(min_length=1, description="Id of a skill block registered on the server.")
+    at: int = Field(ge=0)
+    seam_tokens: int = Field(default=4, ge=0)
+
+
+class PinDirective(_Directive):
+    """Mark ``span`` as pinned: never evicted, and policies must not edit it."""
+
+    verb: Literal["pin"] = "pin"
+    span: Span
+
+
+class DecayDirective(_Directive):
+    """Mark ``span`` as evict-first under memory pressure (dropped as by FORGET)."""
+
+    verb: Literal["decay"] = "decay"
+    span: Span
+
+
+class ScratchDirective(_Directive):
+    """``span`` is visible until the end of the current turn, then dropped with ``mode``."""
+
+    verb: Literal["scratch"] = "scratch"
+    span: Span
+    mode: Mode = Mode.forget
+
+
+Directive = Annotated[
+    SpliceDirective
+    | ForgetDirective
+    | ErratumDirective
+    | ComposeDirective
+    | PinDirective
+    | DecayDirective
+    | ScratchDirective,
+    Field(discriminator="verb"),
+]
+
+DIRECTIVE_ADAPTER: TypeAdapter[Directive] = TypeAdapter(Directive)
+DIRECTIVE_LIST_ADAPTER: TypeAdapter[list[Directive]] = TypeAdapter(list[Directive])
+
+#: Verbs that change the token sequence (the edit algebra executes them).
+EDITING_VERBS = frozenset({Verb.splice, Verb.forget, Verb.erratum, Verb.compose})
+
+
+def from_tuple(
+    start: int, end: int, replacement: Replacement, mode: Mode | str = Mode.amortize
+) -> SpliceDirective | ForgetDirective:
+    """The paper's ``D = (s_start, s_end, R, m)`` as a directive."""
+    span = TokenSpan(start=start, end=end)
+    if Mode(mode) is Mode.amortize:
+        return SpliceDirective(span=span, replacement=replacement)
+    return ForgetDirective(span=span, replacement=replacement)
+
+
+def to_tuple(directive: SpliceDirective | ForgetDirective) -> tuple[int, int, Replacement, Mode]:
+    """The inverse of :func:`from_tuple`; only token-addressed spans have a tuple form."""
+    if not isinstance(directive.span, TokenSpan):
+        raise ValueError("a message-anchored directive has no token tuple until resolved")
+    mode = Mode.amortize if isinstance(directive, SpliceDirective) else Mode.forget
+    return directive.span.start, directive.span.end, directive.replacement, mode

@@ -1,0 +1,68 @@
+"""The ``leyline`` object carried in an OpenAI-style request body, and the one answered."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .directives import Directive
+from .fallback import FallbackReason
+from .spans import MessageSpan
+
+
+class RequestOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    infer_splices: bool = Field(
+        default=False,
+        description=(
+            "Infer splices from the difference between this request's messages and the "
+            "session's last revision. Opt-in: AMORTIZE keeps the removed content's influence."
+        ),
+    )
+    allow_fallback: bool = Field(
+        default=True,
+        description="When a splice cannot run, re-prefill and report why (false: fail instead).",
+    )
+
+
+class LeylineRequest(BaseModel):
+    """Sent as ``extra_body={"leyline": {...}}`` with chat or completion requests."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    session: str | None = Field(
+        default=None, min_length=1, max_length=128, description="Session id; none = stateless."
+    )
+    base_revision: int | None = Field(
+        default=None, ge=0, description="Revision the directives address; required with any."
+    )
+    directives: list[Directive] = Field(default_factory=list)
+    options: RequestOptions = Field(default_factory=RequestOptions)
+
+
+class Path(StrEnum):
+    """Which path produced the cache the request ran on."""
+
+    splice = "splice"
+    """Downstream KV was kept and re-rotated."""
+    reprefill = "reprefill"
+    """Everything from the first changed token was prefilled again."""
+    prefix_hit = "prefix_hit"
+    """The request extended the cached sequence; nothing cached was recomputed."""
+
+
+class LeylineResponse(BaseModel):
+    """Every response carries one: what the server did and where each message now lies."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    session: str | None = None
+    revision: int = Field(ge=0)
+    path: Path
+    reused_tokens: int = Field(ge=0)
+    prefilled_tokens: int = Field(ge=0)
+    rotated_tokens: int = Field(ge=0)
+    fallback_reason: FallbackReason | None = None
+    spans: list[MessageSpan] = Field(default_factory=list)
