@@ -72,7 +72,7 @@ class PositionMap:
     def new_position(self, old: int) -> int | None:
         if not 0 <= old < self.old_length:
             raise IndexError(f"old position {old} outside [0, {self.old_length})")
-        i = bisect.bisect_right([r.old_start for r in self.runs], old) - 1
+        i = bisect.bisect_right([r.old_start or 0 for r in self.runs], old) - 1
         if i < 0:
             return None
         run = self.runs[i]

@@ -23,7 +23,7 @@ from .resources import (
     TokenizeResponse,
 )
 
-SCHEMA_PATH = Path(__file__).parent / "schema" / "leyline.v1.schema.json"
+SCHEMA_PATH = Path(__file__).parent / "schemas" / "leyline.v1.schema.json"
 
 
 class DirectiveBatch(RootModel[list[Directive]]):
