@@ -42,7 +42,7 @@ sdk-check:
 	test -x $(SDK_VENV)/bin/python || $(PY312) -m venv $(SDK_VENV)
 	$(SDK_VENV)/bin/pip install --quiet . pytest hypothesis jsonschema
 	! $(SDK_VENV)/bin/pip show --quiet torch 2>/dev/null
-	$(SDK_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/protocol
+	$(SDK_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/protocol tests/policies
 
 clean:
 	rm -rf $(VENV) $(SDK_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,120 @@
+"""Agent-side policies: transcript in, edits out; edits out, directives out.
+
+No torch, no server: this package only needs pydantic (and the protocol package).
+
+* :class:`Transcript` validates an OpenAI-format message list and links tool outputs to
+  their calls.
+* Policies (:class:`TruncateOldToolOutputs`, :class:`StaleToolOutputs`,
+  :class:`FailedAttempts`, :class:`TokenBudget`, :class:`FieldErrata`, :class:`Chain`,
+  :class:`When`) propose message edits; :func:`parse_policy` builds them from a config
+  string such as ``"stale | truncate:keep_last=2"``; :func:`run_policy` runs one.
+* :func:`edits_to_directives` and :func:`infer_directives` (diff mode) turn edits into
+  protocol directives; :class:`TurnPlanner` does both per turn for a middleware.
+"""
+
+from __future__ import annotations
+
+from .align import align_messages
+from .base import EditMode, Policy, PolicyContext, run_policy
+from .budget import TokenBudget
+from .combinators import Chain, When
+from .counting import (
+    CallableCounter,
+    EstimateCounter,
+    TiktokenCounter,
+    TokenCounter,
+    default_counter,
+    message_tokens,
+)
+from .edits import (
+    AppendErratum,
+    AppliedEdits,
+    DropMessages,
+    KeepServed,
+    PolicyEdit,
+    ReplaceContent,
+    apply_to_messages,
+)
+from .errata import FieldErrata
+from .errors import (
+    PolicyConfigError,
+    PolicyEditError,
+    PolicyError,
+    TranscriptError,
+    UnknownPolicyError,
+)
+from .failed import FailedAttempts
+from .messages import Message
+from .planner import TurnPlan, TurnPlanner
+from .registry import (
+    ENTRY_POINT_GROUP,
+    PolicyConfig,
+    PolicyRegistry,
+    default_registry,
+    parse_policy,
+    register_policy,
+)
+from .staleness import StaleToolOutputs
+from .stubs import StubMatcher
+from .transcript import ToolCall, ToolOutput, Transcript
+from .translate import (
+    Addressing,
+    DirectivePlan,
+    Render,
+    edits_to_directives,
+    infer_directives,
+    plan_directives,
+)
+from .truncate import TruncateOldToolOutputs
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Addressing",
+    "AppendErratum",
+    "AppliedEdits",
+    "CallableCounter",
+    "Chain",
+    "DirectivePlan",
+    "DropMessages",
+    "EditMode",
+    "EstimateCounter",
+    "FailedAttempts",
+    "FieldErrata",
+    "KeepServed",
+    "Message",
+    "Policy",
+    "PolicyConfig",
+    "PolicyConfigError",
+    "PolicyContext",
+    "PolicyEdit",
+    "PolicyEditError",
+    "PolicyError",
+    "PolicyRegistry",
+    "Render",
+    "ReplaceContent",
+    "StaleToolOutputs",
+    "StubMatcher",
+    "TiktokenCounter",
+    "TokenBudget",
+    "TokenCounter",
+    "ToolCall",
+    "ToolOutput",
+    "Transcript",
+    "TranscriptError",
+    "TruncateOldToolOutputs",
+    "TurnPlan",
+    "TurnPlanner",
+    "UnknownPolicyError",
+    "When",
+    "align_messages",
+    "apply_to_messages",
+    "default_counter",
+    "default_registry",
+    "edits_to_directives",
+    "infer_directives",
+    "message_tokens",
+    "parse_policy",
+    "plan_directives",
+    "register_policy",
+    "run_policy",
+]

@@ -1,0 +1,52 @@
+"""Typed errors of the policy SDK. Each names the problem and where it is.
+
+They subclass ``ValueError`` where the caller handed in bad data (a config, a transcript), so
+code that already catches ``ValueError`` keeps working; ``PolicyError`` catches them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class PolicyError(Exception):
+    """Base of every error raised by ``leyline.policies``."""
+
+
+class PolicyConfigError(PolicyError, ValueError):
+    """A policy config (string, dict or keyword arguments) is malformed or has a bad value."""
+
+    def __init__(self, config: str, problem: str) -> None:
+        super().__init__(f"policy config {config!r}: {problem}")
+        self.config = config
+        self.problem = problem
+
+
+class UnknownPolicyError(PolicyConfigError):
+    """A config names a policy that is neither built in nor registered via entry points."""
+
+    def __init__(self, name: str, known: Sequence[str]) -> None:
+        super().__init__(
+            name, f"no policy named {name!r}; known policies: {', '.join(sorted(known))}"
+        )
+        self.name = name
+        self.known = tuple(sorted(known))
+
+
+class TranscriptError(PolicyError, ValueError):
+    """A message list is not a valid OpenAI-style transcript (e.g. an orphan tool output)."""
+
+    def __init__(self, message_index: int | None, problem: str) -> None:
+        where = f"message {message_index}: " if message_index is not None else ""
+        super().__init__(f"{where}{problem}")
+        self.message_index = message_index
+        self.problem = problem
+
+
+class PolicyEditError(PolicyError):
+    """A policy proposed edits that break a rule (pinned message, conflict, out of range)."""
+
+    def __init__(self, policy: str, problem: str) -> None:
+        super().__init__(f"policy {policy!r}: {problem}")
+        self.policy = policy
+        self.problem = problem

@@ -1,0 +1,234 @@
+"""The pure core of the middleware: what to send each turn, and what was served.
+
+A wrapper around an OpenAI client is a thin layer over :class:`TurnPlanner`::
+
+    plan = planner.plan(agent_messages)           # policy edits + directives, no I/O
+    response = client.chat.completions.create(
+        messages=plan.messages, extra_body={"leyline": plan.leyline(session).model_dump()})
+    planner.commit(plan, leyline_response)         # only once the server answered
+
+Nothing changes before :meth:`TurnPlanner.commit`, so a failed request leaves the planner as
+it was (retry, or :meth:`TurnPlanner.drop_session` and re-prefill).
+
+The agent owns its message list and may rewrite it (diff mode); the policy's edits are a
+log replayed onto that list each turn. A logged edit of a message the agent has since
+changed is dropped: the agent's own change wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from leyline.protocol import LeylineRequest, LeylineResponse, MessageSpan, Mode
+
+from .align import align_messages
+from .base import Policy, run_policy
+from .counting import TokenCounter
+from .edits import (
+    AppendErratum,
+    AppliedEdits,
+    DropMessages,
+    KeepServed,
+    PolicyEdit,
+    ReplaceContent,
+    apply_to_messages,
+    readdress,
+)
+from .errors import TranscriptError
+from .messages import Message, message_key
+from .registry import PolicyConfig, parse_policy
+from .transcript import Transcript
+from .translate import Addressing, EditDirective, Render, plan_directives
+
+Pinned = Callable[[int, Message], bool]
+"""``pinned(index, message)``: whether the agent's message ``index`` is pinned."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPlan:
+    messages: tuple[Message, ...]
+    """The messages to send: the agent's, with the policy's edits applied."""
+    directives: tuple[EditDirective, ...]
+    base_revision: int | None
+    """The cached revision the directives address (None when nothing is cached)."""
+    edits: tuple[PolicyEdit, ...]
+    """What the policy proposed this turn (indices into ``messages`` before these edits)."""
+    fallback: str | None = None
+    """Why the edits go as plain messages (the server re-prefills) instead of directives."""
+    agent: tuple[Message, ...] = field(default=(), repr=False)
+    log: tuple[PolicyEdit, ...] = field(default=(), repr=False)
+
+    def leyline(self, session: str | None = None) -> LeylineRequest:
+        """The ``leyline`` object of the chat request (``extra_body={"leyline": ...}``)."""
+        if not self.directives:
+            return LeylineRequest(session=session)
+        return LeylineRequest(
+            session=session, base_revision=self.base_revision, directives=list(self.directives)
+        )
+
+
+class TurnPlanner:
+    """Turns an agent's message list into what to send, turn after turn. No I/O."""
+
+    def __init__(
+        self,
+        policy: PolicyConfig | None = None,
+        *,
+        counter: TokenCounter | None = None,
+        render: Render | None = None,
+        addressing: Addressing = "auto",
+        pinned: Pinned | None = None,
+    ) -> None:
+        self.policy: Policy | None = parse_policy(policy) if policy is not None else None
+        self.counter, self.render, self.addressing = counter, render, addressing
+        self.pinned = pinned
+        self._agent: tuple[Message, ...] = ()
+        self._log: tuple[PolicyEdit, ...] = ()
+        self._served: tuple[Message, ...] = ()
+        self._spans: tuple[MessageSpan, ...] = ()
+        self._revision: int | None = None
+
+    @property
+    def revision(self) -> int | None:
+        return self._revision
+
+    @property
+    def served(self) -> tuple[Message, ...]:
+        return self._served
+
+    def plan(self, messages: Sequence[Message]) -> TurnPlan:
+        """What to send for the agent's ``messages``.
+
+        Raises:
+            TranscriptError: the agent's messages are not a valid transcript.
+            PolicyEditError: the policy broke a rule (edited a pinned message, ...).
+        """
+        agent = tuple(messages)
+        log, base, view = self._view(agent)
+        edits: list[PolicyEdit] = []
+        if self.policy is not None:
+            edits = run_policy(self.policy, view, counter=self.counter, served=self._served)
+        name = self.policy.type if self.policy is not None else "<none>"
+        mapped = [_anchor_note(readdress(e, base.source, name), len(agent)) for e in edits]
+        # A new edit of a message supersedes a logged one; KeepServed lasts this request only.
+        changed = {e.message for e in mapped if isinstance(e, ReplaceContent | KeepServed)}
+        changed |= {i for e in mapped if isinstance(e, DropMessages) for i in e.messages}
+        kept = tuple(e for e in log if not (isinstance(e, ReplaceContent) and e.message in changed))
+        new_log = kept + tuple(e for e in mapped if not isinstance(e, KeepServed))
+        transient = [e for e in mapped if isinstance(e, KeepServed)]
+        final = apply_to_messages(agent, [*new_log, *transient])
+        directives: tuple[EditDirective, ...] = ()
+        fallback = None
+        if self._revision is not None:
+            result = plan_directives(
+                self._served,
+                final.messages,
+                spans=self._spans,
+                render=self.render,
+                addressing=self.addressing,
+                forget=self._forget(agent, new_log, final.messages, final.source),
+            )
+            directives, fallback = result.directives, result.fallback
+        return TurnPlan(
+            messages=final.messages,
+            directives=directives,
+            base_revision=self._revision,
+            edits=tuple(edits),
+            fallback=fallback,
+            agent=agent,
+            log=new_log,
+        )
+
+    def commit(self, plan: TurnPlan, response: LeylineResponse | None = None) -> None:
+        """Record that ``plan`` was served; ``response`` is the server's ``leyline`` object
+        (None from a server without Leyline: later plans then carry no directives)."""
+        self._agent, self._log, self._served = plan.agent, plan.log, plan.messages
+        if response is None:
+            self._revision, self._spans = None, ()
+            return
+        self._revision = response.revision
+        # The revision may also hold the generated reply; address only what was sent.
+        spans = tuple(response.spans)
+        self._spans = spans[: len(plan.messages)] if len(spans) >= len(plan.messages) else ()
+
+    def drop_session(self) -> None:
+        """Forget the server's cache (lost, or a revision conflict): the next plan sends plain
+        messages and the server re-prefills. The policy's edits are kept."""
+        self._revision, self._spans = None, ()
+
+    def _view(
+        self, agent: tuple[Message, ...]
+    ) -> tuple[tuple[PolicyEdit, ...], AppliedEdits, Transcript]:
+        """The logged edits replayed onto ``agent``: the transcript the policy sees."""
+        log = self._replay(agent)
+        base = apply_to_messages(agent, log)
+        try:
+            view = Transcript.from_messages(base.messages, pinned=self._pins(agent, base.source))
+        except TranscriptError:
+            Transcript.from_messages(agent)  # the agent's own list is at fault: say so
+            log = tuple(e for e in log if not isinstance(e, DropMessages))  # a drop orphaned
+            base = apply_to_messages(agent, log)
+            view = Transcript.from_messages(base.messages, pinned=self._pins(agent, base.source))
+        return log, base, view
+
+    def _replay(self, agent: tuple[Message, ...]) -> tuple[PolicyEdit, ...]:
+        """The log, re-addressed from the agent's previous list to ``agent``."""
+        pairs = [(o, j) for o, j in align_messages(self._agent, agent) if o is not None]
+        same = {
+            o: j
+            for o, j in pairs
+            if j is not None and message_key(self._agent[o]) == message_key(agent[j])
+        }
+        out: list[PolicyEdit] = []
+        for edit in self._log:
+            if isinstance(edit, ReplaceContent) and edit.message in same:
+                out.append(ReplaceContent(same[edit.message], edit.text, edit.mode, edit.reason))
+            elif isinstance(edit, DropMessages) and all(i in same for i in edit.messages):
+                moved = tuple(same[i] for i in edit.messages)
+                out.append(DropMessages(moved, edit.mode, edit.reason))
+            elif isinstance(edit, AppendErratum):
+                last = edit.after if edit.after is not None else len(self._agent) - 1
+                after = max((j for o, j in pairs if j is not None and o <= last), default=-1)
+                corrects = same.get(edit.corrects) if edit.corrects is not None else None
+                out.append(AppendErratum(edit.text, corrects, edit.role, after, edit.reason))
+        return tuple(out)
+
+    def _pins(self, agent: Sequence[Message], source: Sequence[int | None]) -> list[int]:
+        if self.pinned is None:
+            return []
+        pinned = self.pinned
+        return [j for j, s in enumerate(source) if s is not None and pinned(s, agent[s])]
+
+    def _forget(
+        self,
+        agent: Sequence[Message],
+        log: Sequence[PolicyEdit],
+        sent: Sequence[Message],
+        source: Sequence[int | None],
+    ) -> set[int]:
+        """Served messages whose replacement or removal was asked for with FORGET."""
+        replaced = {
+            e.message for e in log if isinstance(e, ReplaceContent) and e.mode is Mode.forget
+        }
+        dropped = {
+            message_key(agent[i])
+            for e in log
+            if isinstance(e, DropMessages) and e.mode is Mode.forget
+            for i in e.messages
+        }
+        forget: set[int] = set()
+        for o, j in align_messages(self._served, sent):
+            if o is None:
+                continue
+            gone = j is None and message_key(self._served[o]) in dropped
+            if gone or (j is not None and source[j] in replaced):
+                forget.add(o)
+        return forget
+
+
+def _anchor_note(edit: PolicyEdit, length: int) -> PolicyEdit:
+    """Notes appended now stay after the agent's current last message in later turns."""
+    if isinstance(edit, AppendErratum) and edit.after is None:
+        return AppendErratum(edit.text, edit.corrects, edit.role, length - 1, edit.reason)
+    return edit

@@ -1,0 +1,161 @@
+"""Message edits -> protocol directives, addressed with the spans the server reported.
+
+One path serves both sources of edits: policy edits (:func:`edits_to_directives`) and an
+agent's own rewrite of its message list (:func:`infer_directives`, "diff mode"). Both
+reduce to an old message list (the server's cached revision), a new one, and an alignment
+between them; :func:`plan_directives` turns that into a batch:
+
+* a message whose content changed (same role, ids and tool calls) -> a splice of its
+  ``content`` part, with the new text (or, given ``render``, the server's own tokens);
+* messages removed -> a splice of each one ``all`` (or one token span over them);
+* messages inserted or replaced whole -> a token-span splice whose replacement is the new
+  messages as the server renders them. That needs ``render`` (the server's tokenize of a
+  message list); without it the plan falls back: send the messages, the server re-prefills;
+* messages after the last cached one -> no directive: the request's messages extend the
+  session (cached messages they replace are removed first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from leyline.protocol import ErratumDirective, MessageAnchor, MessageSpan, Mode, TokenSpan
+
+from .align import Pair, align_messages, alignment_from_source
+from .directive_builder import (
+    Addressing,
+    DirectiveBuilder,
+    EditDirective,
+    Render,
+    Unexpressible,
+    check_alignment,
+)
+from .edits import AppendErratum, DropMessages, PolicyEdit, ReplaceContent, apply_to_messages
+from .messages import Message
+
+__all__ = [
+    "Addressing",
+    "DirectivePlan",
+    "EditDirective",
+    "Render",
+    "edits_to_directives",
+    "infer_directives",
+    "plan_directives",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DirectivePlan:
+    """A batch for the server's cached revision, and the messages to send with it."""
+
+    messages: tuple[Message, ...]
+    directives: tuple[EditDirective, ...] = ()
+    appended: int = 0
+    """Trailing messages that only extend the cached ones (they need no directive)."""
+    fallback: str | None = None
+    """Why the change cannot be sent as directives; then send ``messages`` without any and
+    the server re-prefills from the first difference."""
+
+
+def plan_directives(
+    old: Sequence[Message],
+    new: Sequence[Message],
+    *,
+    alignment: Sequence[Pair] | None = None,
+    spans: Sequence[MessageSpan] = (),
+    render: Render | None = None,
+    addressing: Addressing = "auto",
+    forget: Collection[int] = (),
+) -> DirectivePlan:
+    """Directives that turn the tokens of ``old`` into those of ``new`` (minus appended ones).
+
+    Args:
+        old: the messages of the server's cached revision.
+        new: the messages to send now.
+        alignment: which old message became which new one; computed when None.
+        spans: the revision's message spans as the server reported them.
+        render: the server's rendering, for inserted or wholly replaced messages.
+        addressing: see :data:`Addressing`.
+        forget: old messages whose removal must leave no influence (FORGET, not AMORTIZE).
+    """
+    pairs = tuple(alignment) if alignment is not None else align_messages(old, new)
+    check_alignment(pairs, len(old), len(new))
+    if spans and len(spans) != len(old):
+        spans = ()  # spans of another revision: do not address with them
+    use_tokens = addressing == "token" or (addressing == "auto" and bool(spans))
+    builder = DirectiveBuilder(old, new, spans, render, use_tokens, frozenset(forget))
+    try:
+        directives, appended = builder.build(pairs)
+    except Unexpressible as exc:
+        return DirectivePlan(tuple(new), fallback=str(exc))
+    return DirectivePlan(tuple(new), tuple(directives), appended)
+
+
+def infer_directives(
+    old: Sequence[Message],
+    new: Sequence[Message],
+    *,
+    spans: Sequence[MessageSpan] = (),
+    render: Render | None = None,
+    addressing: Addressing = "auto",
+    mode: Mode = Mode.amortize,
+) -> DirectivePlan:
+    """Diff mode: directives for an agent that rewrote its message list from ``old`` to ``new``."""
+    forget = range(len(old)) if mode is Mode.forget else ()
+    return plan_directives(
+        old, new, spans=spans, render=render, addressing=addressing, forget=forget
+    )
+
+
+def edits_to_directives(
+    messages: Sequence[Message],
+    edits: Sequence[PolicyEdit],
+    *,
+    spans: Sequence[MessageSpan] = (),
+    render: Render | None = None,
+    addressing: Addressing = "auto",
+    errata: Literal["message", "directive"] = "message",
+) -> DirectivePlan:
+    """Directives for policy ``edits`` proposed on ``messages`` (the cached revision).
+
+    ``errata="message"`` (default) sends each note as an appended message: the chat request
+    then renders exactly the cached tokens plus the note, on any server. ``"directive"``
+    sends ``erratum`` directives instead, for clients that work on tokens, not messages.
+    """
+    notes = [e for e in edits if isinstance(e, AppendErratum)] if errata == "directive" else []
+    applied = apply_to_messages(messages, [e for e in edits if e not in notes])
+    forget = {
+        i
+        for e in edits
+        if isinstance(e, ReplaceContent | DropMessages) and e.mode is Mode.forget
+        for i in ((e.message,) if isinstance(e, ReplaceContent) else e.messages)
+    }
+    plan = plan_directives(
+        messages,
+        applied.messages,
+        alignment=alignment_from_source(len(messages), applied.source),
+        spans=spans,
+        render=render,
+        addressing=addressing,
+        forget=forget,
+    )
+    if not notes or plan.fallback:
+        return plan
+    use_tokens = addressing == "token" or (addressing == "auto" and bool(spans))
+    extra = tuple(
+        ErratumDirective(text=f"\n{n.text}\n", corrects=_whole(n.corrects, spans, use_tokens))
+        for n in notes
+    )
+    return replace(plan, directives=plan.directives + extra)
+
+
+def _whole(
+    index: int | None, spans: Sequence[MessageSpan], use_tokens: bool
+) -> MessageAnchor | TokenSpan | None:
+    if index is None:
+        return None
+    if use_tokens and index < len(spans):
+        return TokenSpan(start=spans[index].start, end=spans[index].end)
+    return MessageAnchor(message=index)
