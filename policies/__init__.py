@@ -10,6 +10,9 @@ No torch, no server: this package only needs pydantic (and the protocol package)
   string such as ``"stale | truncate:keep_last=2"``; :func:`run_policy` runs one.
 * :func:`edits_to_directives` and :func:`infer_directives` (diff mode) turn edits into
   protocol directives; :class:`TurnPlanner` does both per turn for a middleware.
+* :class:`LeylineOpenAI` / :class:`AsyncLeylineOpenAI` wrap an ``openai`` client for one
+  agent episode: policy before each call, edits as directives, a :class:`CallRecord` per call,
+  plain messages (re-prefilled) against servers without Leyline.
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ from .errors import (
 )
 from .failed import FailedAttempts
 from .messages import Message
+from .middleware import LeylineOpenAI
+from .middleware_async import AsyncLeylineOpenAI
+from .middleware_core import CallRecord
+from .middleware_wire import ServerSupport
 from .planner import TurnPlan, TurnPlanner
 from .registry import (
     ENTRY_POINT_GROUP,
@@ -72,6 +79,8 @@ __all__ = [
     "Addressing",
     "AppendErratum",
     "AppliedEdits",
+    "AsyncLeylineOpenAI",
+    "CallRecord",
     "CallableCounter",
     "Chain",
     "DirectivePlan",
@@ -81,6 +90,7 @@ __all__ = [
     "FailedAttempts",
     "FieldErrata",
     "KeepServed",
+    "LeylineOpenAI",
     "Message",
     "Policy",
     "PolicyConfig",
@@ -92,6 +102,7 @@ __all__ = [
     "PolicyRegistry",
     "Render",
     "ReplaceContent",
+    "ServerSupport",
     "StaleToolOutputs",
     "StubMatcher",
     "TiktokenCounter",

@@ -75,6 +75,7 @@ class DirectiveBuilder:
         self.use_tokens, self.forget = use_tokens, forget
         self._old_spans: Sequence[MessageSpan] | None = spans or None
         self._new_render: TokenizeResponse | None = None
+        self._old_render: TokenizeResponse | None = None
 
     def build(self, pairs: Sequence[Pair]) -> tuple[list[EditDirective], int]:
         directives: list[EditDirective] = []
@@ -103,7 +104,7 @@ class DirectiveBuilder:
                     continue
                 if self._content_editable(o, j):
                     flush()
-                    directives.append(self._content(o, j))
+                    directives.extend(self._content(o, j))
                     consumed += 1
                     continue
             if o is not None:
@@ -126,20 +127,54 @@ class DirectiveBuilder:
             return False
         return not self.use_tokens or self._spans_old()[o].content is not None
 
-    def _content(self, o: int, j: int) -> EditDirective:
+    def _content(self, o: int, j: int) -> list[EditDirective]:
         verb = self._mode(range(o, o + 1))
+        if self.render is not None and self.use_tokens:
+            return self._token_diff(o, j, verb)
+        if self.render is not None:
+            rendered = self._rendered_new()
+            part = rendered.spans[j]
+            tokens = list(rendered.tokens[part.start : part.end])
+            return [verb(span=MessageAnchor(message=o, part="all"), replacement=tokens)]
         span: TokenSpan | MessageAnchor = MessageAnchor(message=o, part="content")
         if self.use_tokens:
             found = self._spans_old()[o].content
             assert found is not None  # checked by _content_editable
             span = found
-        replacement: str | list[int] = content_text(self.new[j]) or ""
-        if self.render is not None:  # the server's own tokens of the content, in context
-            rendered = self._rendered_new()
-            part = rendered.spans[j].content
-            if part is not None:
-                replacement = list(rendered.tokens[part.start : part.end])
-        return verb(span=span, replacement=replacement)
+        return [verb(span=span, replacement=content_text(self.new[j]) or "")]
+
+    def _token_diff(
+        self, o: int, j: int, verb: type[SpliceDirective] | type[ForgetDirective]
+    ) -> list[EditDirective]:
+        """The changed middle of message ``o``'s tokens, old vs new, as one token splice.
+
+        Whole-message tokens rather than the content span: a template may merge the
+        content's leading whitespace into the header's last token, out of a content span's
+        reach. Unchanged leading and trailing tokens stay out of the span, so they are kept
+        (and the trailing ones rotated), as a content splice would keep them.
+        """
+        before, after = self._rendered_old(), self._rendered_new()
+        mine, theirs = before.spans[o], after.spans[j]
+        old = before.tokens[mine.start : mine.end]
+        new = after.tokens[theirs.start : theirs.end]
+        head = 0
+        while head < min(len(old), len(new)) and old[head] == new[head]:
+            head += 1
+        tail = 0
+        while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
+            tail += 1
+        if head == len(old) == len(new):
+            return []  # renders to the same tokens: nothing to splice
+        at = self._spans_old()[o]
+        span = TokenSpan(start=at.start + head, end=at.end - tail)
+        return [verb(span=span, replacement=list(new[head : len(new) - tail]))]
+
+    def _rendered_old(self) -> TokenizeResponse:
+        assert self.render is not None
+        if self._old_render is None:
+            self._old_render = self.render(self.old)
+            _checked(self._old_render.spans, len(self.old), "old")
+        return self._old_render
 
     def _group(self, g: _Group) -> list[EditDirective]:
         if g.c == g.d and not self.use_tokens:  # deletions: anchors the server resolves

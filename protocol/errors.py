@@ -37,6 +37,8 @@ class ErrorCode(StrEnum):
     limit_exceeded = "limit_exceeded"
     """A server limit other than the ones above (body size, sessions, cache memory)."""
     incompatible_version = "incompatible_version"
+    unauthorized = "unauthorized"
+    """The server requires an API key and the request carried none or a wrong one."""
 
 
 #: The HTTP status a server answers with for each code.
@@ -55,6 +57,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.session_too_long: 413,
     ErrorCode.limit_exceeded: 413,
     ErrorCode.incompatible_version: 400,
+    ErrorCode.unauthorized: 401,
 }
 
 

@@ -67,6 +67,9 @@ class TokenizeRequest(_Body):
 
     text: str | None = None
     messages: list[Message] | None = None
+    tools: list[Message] | None = Field(
+        default=None, description="OpenAI tool specs, rendered as a chat request would be."
+    )
     add_generation_prompt: bool = False
 
     @model_validator(mode="after")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -23,7 +24,11 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 
 
 def _as_leyline_error(exc: ValidationError, prefix: str = "") -> LeylineError:
-    errors = exc.errors(include_url=False)
+    return error_from_details(exc.errors(include_url=False), prefix)
+
+
+def error_from_details(errors: Sequence[Mapping[str, Any]], prefix: str = "") -> LeylineError:
+    """A typed error from pydantic's error details (also what FastAPI reports)."""
     # The most specific problem (longest path) explains a failed union best.
     first = max(errors, key=lambda e: len(e["loc"]))
     loc = tuple(first["loc"])
@@ -36,11 +41,14 @@ def _as_leyline_error(exc: ValidationError, prefix: str = "") -> LeylineError:
     code = ErrorCode.invalid_directive
     if _SPAN_FIELDS & {str(p) for p in loc} and first["type"] in _RANGE_ERRORS:
         code = ErrorCode.invalid_span
-    if first["type"] == "union_tag_invalid":
+    if first["type"] == "too_short" and loc and loc[-1] == "directives":
+        code = ErrorCode.empty_batch
+        message = "the batch is empty; send at least one directive"
+    elif first["type"] == "union_tag_invalid":
         message = f"unknown verb; expected one of {_VERBS}"
     elif first["type"] == "extra_forbidden":
         message = "unexpected field; remove it (extra fields are forbidden)"
-    count = exc.error_count()
+    count = len(errors)
     if count > 1:
         message += f" (and {count - 1} more problem{'s' if count > 2 else ''})"
     return LeylineError(code, message, field or None)

@@ -1,0 +1,111 @@
+"""``leyline serve``: the OpenAI-compatible server with Leyline directives."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Any
+
+
+def register(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "serve",
+        help="start the OpenAI-compatible server (embedded SmolLM2 on CPU by default)",
+        description=(
+            "Serve /v1/chat/completions and /v1/completions with the `leyline` extension, "
+            "the /leyline/v1/ resources, /metrics and /health. With no arguments it loads "
+            "the embedded SmolLM2-135M-Instruct (real weights, CPU). OpenAPI docs at /docs."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--model",
+        default="smollm2",
+        help="'smollm2' (embedded), 'tiny-mla-v2' / 'tiny-mla-v3' (random weights, for tests), "
+        "a .gguf file or a Hugging Face model directory (never downloaded)",
+    )
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="name reported by /v1/models (default: the model's own)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="require `Authorization: Bearer KEY` on every route but /health",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    limits = parser.add_argument_group("limits (requests past them get typed 4xx errors)")
+    limits.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    limits.add_argument("--max-directives", type=int, default=64, help="per request")
+    limits.add_argument("--max-replacement-tokens", type=int, default=4096)
+    limits.add_argument("--max-session-tokens", type=int, default=8192)
+    limits.add_argument(
+        "--max-sessions",
+        type=int,
+        default=64,
+        help="idle sessions past this are evicted, least recently used first",
+    )
+    limits.add_argument(
+        "--max-cache-gib",
+        type=float,
+        default=4.0,
+        help="KV bytes of all sessions together (idle ones evicted past it)",
+    )
+    limits.add_argument(
+        "--prefix-cache-gib",
+        type=float,
+        default=1.0,
+        help="shared prefix cache budget; 0 turns it off",
+    )
+    limits.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=256,
+        help="completion length when a request names none",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from leyline.server_adapter.http.serve import build_app
+    from leyline.server_adapter.http.settings import ServerSettings
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        settings = ServerSettings(
+            model=args.model,
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            log_level=args.log_level,
+            max_body_bytes=args.max_body_bytes,
+            max_directives=args.max_directives,
+            max_replacement_tokens=args.max_replacement_tokens,
+            max_session_tokens=args.max_session_tokens,
+            max_sessions=args.max_sessions,
+            max_cache_bytes=int(args.max_cache_gib * 1024**3),
+            max_new_tokens=args.max_new_tokens,
+            served_model_name=args.served_model_name,
+        )
+        t0 = time.perf_counter()
+        app = build_app(settings, prefix_cache_bytes=int(args.prefix_cache_gib * 1024**3))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"leyline serve: {exc}", file=sys.stderr)
+        return 2
+    service = app.state.service
+    print(
+        f"leyline: {service.engine.loaded.label} ready in {time.perf_counter() - t0:.1f}s; "
+        f"serving on http://{settings.host}:{settings.port} (docs at /docs)",
+        file=sys.stderr,
+    )
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    return 0

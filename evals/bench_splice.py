@@ -1,0 +1,389 @@
+"""Splice vs re-prefill on the reference engine: latency, rotation throughput, peak memory.
+
+For each context length: a ~``--span``-token span at ``--edit-at`` of the context is
+replaced by a ``--stub``-token stub (AMORTIZE splice), against re-prefilling everything
+from the edit (the engine's FORGET path: same new tokens, prefix KV kept). A delete-only
+splice (empty replacement) compares like for like with engines that delete and shift
+(llama.cpp's ``seq_rm`` + ``seq_add``). All arms run interleaved in one process, each on a
+fork of the same prefilled session, so machine noise hits them alike; figures are medians.
+
+``splice`` is the cache edit alone; ``+logits`` also returns the next-token logits (the last
+token is run again in the new context, ``want_logits=True``), which re-prefill delivers too.
+
+Run: ``.venv/bin/python evals/bench_splice.py`` (``--quick`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from leyline.protocol.algebra import Edit
+from leyline.protocol.directives import Mode
+from leyline.server_adapter.allocator import retain_freed_memory
+from leyline.server_adapter.engine import Engine
+from leyline.server_adapter.kv_blocks import kv_nbytes
+from leyline.server_adapter.rope import rotate_into
+
+STUB_TEXT = " [tool output elided: 300 tokens of a directory listing, no longer needed] "
+
+
+@dataclass
+class ContextRow:
+    context: int
+    edit_start: int
+    span: int
+    stub: int
+    prefill_s: float
+    splice_ms: float
+    splice_logits_ms: float
+    reprefill_ms: float
+    delete_ms: float
+    delete_logits_ms: float
+    delete_reprefill_ms: float
+    kl_splice_vs_reprefill: float
+
+    @property
+    def ratio(self) -> float:
+        return self.reprefill_ms / self.splice_ms
+
+    @property
+    def ratio_logits(self) -> float:
+        return self.reprefill_ms / self.splice_logits_ms
+
+    @property
+    def delete_ratio(self) -> float:
+        return self.delete_reprefill_ms / self.delete_ms
+
+
+def document(engine: Engine, n: int) -> list[int]:
+    """``n`` tokens of an agent transcript-like text (random ids for tokenizer-less models)."""
+    if engine.tokenizer is None:
+        g = torch.Generator().manual_seed(0)
+        return torch.randint(3, engine.vocab_size, (n,), generator=g).tolist()
+    parts, tokens, i = [], [], 0
+    while len(tokens) < n:
+        parts.append(
+            f"Step {i}: the agent ran `grep -n value_{i} src/module_{i % 7}.py` and got line "
+            f"{i * 13 % 97}: value_{i} = compute(value_{i - 1}, {i * 7 % 11}). It then noted "
+            f"that module_{i % 7} depends on module_{(i + 3) % 7}.\n"
+        )
+        i += 1
+        if i % 16 == 0:
+            tokens = list(engine.encode("".join(parts)))
+    return tokens[:n]
+
+
+def stub_tokens(engine: Engine, n: int) -> tuple[int, ...]:
+    if engine.tokenizer is None:
+        return tuple(range(5, 5 + n))
+    base = engine.encode(STUB_TEXT)
+    return tuple((base * (n // len(base) + 1))[:n])
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def kl(p: torch.Tensor, q: torch.Tensor) -> float:
+    lp, lq = torch.log_softmax(p.double(), -1), torch.log_softmax(q.double(), -1)
+    return float((lp.exp() * (lp - lq)).sum())
+
+
+def bench_context(engine: Engine, n: int, args: argparse.Namespace) -> ContextRow:
+    tokens = document(engine, n)
+    start = int(n * args.edit_at)
+    end = min(start + args.span, n - 1)
+    stub = stub_tokens(engine, args.stub)
+    base = engine.create_session()
+    t0 = time.perf_counter()
+    base.prefill(tokens)
+    prefill_s = time.perf_counter() - t0
+    arms: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "splice",
+            "splice_logits",
+            "reprefill",
+            "delete",
+            "delete_logits",
+            "delete_reprefill",
+        )
+    }
+    kls: list[float] = []
+
+    def run(edit: Edit, name: str, want_logits: bool = False) -> torch.Tensor:
+        fork = base.fork()
+        try:
+            arms[name].append(timed(lambda: fork.apply_edits([edit], want_logits=want_logits)))
+            return fork.next_token_logits()
+        finally:
+            engine.close_session(fork.id)
+            gc.collect()
+
+    for _ in range(args.runs):
+        run(Edit(start, end, stub, Mode.amortize), "splice")
+        spliced = run(Edit(start, end, stub, Mode.amortize), "splice_logits", want_logits=True)
+        reprefilled = run(Edit(start, end, stub, Mode.forget), "reprefill")
+        kls.append(kl(reprefilled, spliced))
+        run(Edit(start, end, (), Mode.amortize), "delete")
+        run(Edit(start, end, (), Mode.amortize), "delete_logits", want_logits=True)
+        run(Edit(start, end, (), Mode.forget), "delete_reprefill")
+    engine.close_session(base.id)
+    med = {k: statistics.median(v) for k, v in arms.items()}
+    return ContextRow(
+        n,
+        start,
+        end - start,
+        len(stub),
+        prefill_s,
+        med["splice"],
+        med["splice_logits"],
+        med["reprefill"],
+        med["delete"],
+        med["delete_logits"],
+        med["delete_reprefill"],
+        statistics.median(kls),
+    )
+
+
+def bench_rotation(engine: Engine, n: int, runs: int) -> dict[str, float]:
+    """Rotating the cached keys of ``n`` tokens (all layers) vs copying the same bytes.
+
+    Two pairs, each interleaved run by run: into preallocated buffers (the arithmetic alone)
+    and into fresh tensors (what a splice pays: allocation and first-touch page faults too).
+    """
+    assert engine.layout is not None and engine.rope is not None
+    layout, rope = engine.layout, engine.rope
+    session = engine.create_session()
+    session.prefill(document(engine, n))
+    src = [layer[layout.slot].contiguous() for layer in session.kv]
+    engine.close_session(session.id)
+    dst = [torch.empty_like(t) for t in src]
+    nbytes = sum(t.numel() * t.element_size() for t in src)
+
+    def rotate(out: list[torch.Tensor]) -> None:
+        for d, s in zip(out, src, strict=True):
+            rotate_into(d, s, -284, rope.inv_freq, layout.pairing, offset=layout.offset)
+
+    arms: dict[str, Callable[[], object]] = {
+        "copy": lambda: [d.copy_(s) for d, s in zip(dst, src, strict=True)],
+        "rotate": lambda: rotate(dst),
+        "clone": lambda: [s.clone() for s in src],
+        "rotate_alloc": lambda: rotate([torch.empty_like(s) for s in src]),
+    }
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    for fn in arms.values():
+        fn()  # warm
+    for _ in range(runs):
+        for name, fn in arms.items():
+            times[name].append(timed(fn))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "tokens": n,
+        "bytes": nbytes,
+        "copy_ms": med["copy"],
+        "rotate_ms": med["rotate"],
+        "copy_GBps": nbytes / med["copy"] / 1e6,
+        "rotate_GBps": nbytes / med["rotate"] / 1e6,
+        "ratio": med["copy"] / med["rotate"],
+        "clone_ms": med["clone"],
+        "rotate_alloc_ms": med["rotate_alloc"],
+        "ratio_alloc": med["clone"] / med["rotate_alloc"],
+    }
+
+
+class RssSampler:
+    """Peak resident memory of this process while a block runs (/proc sampled every 1 ms)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._page = os.sysconf("SC_PAGE_SIZE")
+
+    def rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self._page
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.rss())
+            time.sleep(0.001)
+
+    def __enter__(self) -> RssSampler:
+        self.peak = self.rss()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.rss())
+
+
+def memory_child(model: str, n: int, span: int, stub: int) -> None:
+    """In a fresh process: resident memory over the loaded model, sampled during a prefill
+    of ``n`` tokens and a splice of that session (the session's own KV included)."""
+    engine = Engine.load(model)
+    warm = engine.create_session()
+    warm.prefill(document(engine, 64))
+    engine.close_session(warm.id)
+    tokens = document(engine, n)
+    gc.collect()
+    sampler = RssSampler()
+    base = sampler.rss()
+    session = engine.create_session()
+    with sampler:
+        session.prefill(tokens)
+    prefill_peak, held = sampler.peak, sampler.rss()
+    start = n // 4
+    edit = Edit(start, start + span, stub_tokens(engine, stub), Mode.amortize)
+    with RssSampler() as splice:
+        session.apply_edits([edit])
+    mb = 1e6
+    print(
+        json.dumps(
+            {
+                "tokens": n,
+                "kv_MB": kv_nbytes(session.kv) / mb,
+                "rss_loaded_MB": base / mb,
+                "prefill_peak_MB": (prefill_peak - base) / mb,
+                "session_held_MB": (held - base) / mb,
+                "splice_peak_MB": (splice.peak - base) / mb,
+            }
+        )
+    )
+
+
+def bench_memory(args: argparse.Namespace, n: int) -> dict[str, float]:
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--model",
+        args.model,
+        "--memory-child",
+        str(n),
+        "--span",
+        str(args.span),
+        "--stub",
+        str(args.stub),
+        "--release-freed-memory",  # resident memory then tracks what is in use
+    ]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("--model", default="smollm2", help="smollm2, tiny-mla-v2/v3, .gguf or HF dir")
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096])
+    p.add_argument("--runs", type=int, default=5, help="runs per arm (medians)")
+    p.add_argument("--span", type=int, default=300, help="tokens replaced")
+    p.add_argument("--stub", type=int, default=16, help="replacement tokens")
+    p.add_argument("--edit-at", type=float, default=0.25, help="edit start, fraction of context")
+    p.add_argument("--rotation-runs", type=int, default=20)
+    p.add_argument("--memory-context", type=int, default=4096)
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocess")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--release-freed-memory",
+        action="store_true",
+        help="leave glibc's default of returning freed buffers to the kernel "
+        "(every new KV buffer then pays page faults)",
+    )
+    p.add_argument("--json", default=None, help="also write the figures to this file")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: contexts 512 1024, 3 runs (not the reported figures)",
+    )
+    p.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.contexts, args.runs, args.rotation_runs = [512, 1024], 3, 5
+        args.memory_context = 1024
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    retained = not args.release_freed_memory and retain_freed_memory()
+    if args.memory_child is not None:
+        memory_child(args.model, args.memory_child, args.span, args.stub)
+        return {}
+    engine = Engine.load(args.model)
+    load = os.getloadavg()[0]
+    print(
+        f"# {engine.loaded.label}, torch {torch.__version__}, {torch.get_num_threads()} "
+        f"threads, load avg {load:.2f}, freed memory retained: {retained}; layout "
+        f"{engine.layout}"
+    )
+    print(
+        f"# edit at {args.edit_at:.0%}: span {args.span} -> stub {args.stub} tokens; medians of "
+        f"{args.runs} runs, arms interleaved{' (QUICK: smoke figures only)' if args.quick else ''}"
+    )
+    print(
+        "context prefill_s | splice_ms +logits_ms reprefill_ms ratio ratio(+logits) | "
+        "delete_ms +logits_ms reprefill_ms ratio | KL"
+    )
+    rows = []
+    for n in args.contexts:
+        r = bench_context(engine, n, args)
+        rows.append(r)
+        print(
+            f"{n:7d} {r.prefill_s:9.2f} | {r.splice_ms:9.1f} {r.splice_logits_ms:9.1f} "
+            f"{r.reprefill_ms:12.1f} {r.ratio:5.1f}x {r.ratio_logits:8.1f}x | "
+            f"{r.delete_ms:9.1f} {r.delete_logits_ms:9.1f} {r.delete_reprefill_ms:12.1f} "
+            f"{r.delete_ratio:5.1f}x | {r.kl_splice_vs_reprefill:.4f}",
+            flush=True,
+        )
+    results: dict[str, object] = {
+        "model": engine.loaded.label,
+        "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
+    }
+    if engine.layout is not None:
+        rot = bench_rotation(engine, max(args.contexts), args.rotation_runs)
+        results["rotation"] = rot
+        print(
+            f"# rotation of {rot['bytes'] / 1e6:.0f} MB of keys ({rot['tokens']} tokens): "
+            f"{rot['rotate_ms']:.1f} ms vs copy {rot['copy_ms']:.1f} ms into a buffer = "
+            f"{rot['ratio']:.0%} of copy throughput ({rot['rotate_GBps']:.1f} vs "
+            f"{rot['copy_GBps']:.1f} GB/s); with allocation {rot['rotate_alloc_ms']:.1f} vs "
+            f"clone {rot['clone_ms']:.1f} ms = {rot['ratio_alloc']:.0%}"
+        )
+    if not args.no_memory:
+        mem = bench_memory(args, args.memory_context)
+        results["memory"] = mem
+        print(
+            f"# {mem['tokens']}-token session, resident memory above the loaded model "
+            f"({mem['rss_loaded_MB']:.0f} MB): peak +{mem['prefill_peak_MB']:.0f} MB during "
+            f"prefill, +{mem['session_held_MB']:.0f} MB held after it (KV "
+            f"{mem['kv_MB']:.0f} MB), peak +{mem['splice_peak_MB']:.0f} MB during a splice"
+        )
+    print(f"# load avg at end {os.getloadavg()[0]:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()

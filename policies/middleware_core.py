@@ -1,0 +1,233 @@
+"""What the OpenAI-client wrappers share: the episode state and the per-call records.
+
+No I/O here: :mod:`.middleware` (``openai.OpenAI``) and :mod:`.middleware_async`
+(``openai.AsyncOpenAI``) send the requests, with the helpers of :mod:`.middleware_wire`;
+:class:`Episode` decides what goes in them and records what came back, on top of
+:class:`~.planner.TurnPlanner`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+
+from pydantic import BaseModel, ValidationError
+
+from leyline.protocol import LeylineRequest, LeylineResponse, SpliceDirective, TokenSpan
+
+from .align import align_messages
+from .messages import Message, canonical_json, content_text
+from .middleware_wire import LEYLINE_KEY, ServerSupport
+from .planner import TurnPlan, TurnPlanner
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """What one chat call sent and what the server did with it."""
+
+    call: int
+    """0-based index of the call in the episode."""
+    session: str | None
+    leyline: bool
+    """The server speaks Leyline. False: edits went as plain messages (re-prefilled)."""
+    path: str | None
+    """``splice``, ``reprefill`` or ``prefix_hit`` as the server reported (None: no report)."""
+    reused_tokens: int | None
+    prefilled_tokens: int | None
+    rotated_tokens: int | None
+    fallback_reason: str | None
+    """Why the server ran another path than asked (its ``fallback_reason``)."""
+    latency_s: float
+    """Wall time of the chat request(s) of this call, generation included."""
+    messages: int
+    edits: int
+    """Edits the policy proposed this call."""
+    directives: int
+    """Directives sent (0 on a plain server or in messages-only mode)."""
+    plan_fallback: str | None = None
+    """Why the edits could not be expressed as directives (they went as messages)."""
+    resync: str | None = None
+    """Why the request with directives failed and was re-sent as plain messages."""
+    revision: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedCall:
+    """One request as planned: the plan and the ``leyline`` object to send (None: none)."""
+
+    plan: TurnPlan
+    leyline: dict[str, object] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """The reply generated last call: it sits in the cache after the sent messages."""
+
+    message: Message
+    start: int
+    """End of the last sent message's tokens (the generation prompt starts here)."""
+    end: int
+    """End of the cached sequence: prompt plus generated tokens."""
+
+
+class Episode:
+    """One agent episode on one session: the planner, and what the last reply left cached.
+
+    ``directives=False`` sends the edited messages in the session without directives: the
+    server reuses the longest unchanged prefix and re-prefills the rest (a baseline arm).
+    """
+
+    def __init__(self, planner: TurnPlanner, session: str, *, directives: bool = True) -> None:
+        self.planner, self.session, self.directives = planner, session, directives
+        self.records: list[CallRecord] = []
+        self.last_plan: TurnPlan | None = None
+        """The plan of the last completed call (its ``edits``, ``directives``, ``messages``)."""
+        self._reply: _Reply | None = None
+
+    def prepare(self, messages: Sequence[Message], support: ServerSupport) -> PreparedCall:
+        """Plan the call (runs the policy, and the planner's ``render`` when it needs it).
+
+        Raises:
+            TranscriptError, PolicyEditError: from the planner; nothing changed.
+        """
+        plan = self.planner.plan(messages)
+        if not support.leyline:
+            return PreparedCall(plan, None)
+        if not self.directives:
+            return PreparedCall(plan, LeylineRequest(session=self.session).model_dump(mode="json"))
+        if plan.directives and self._reply is not None and not self._reply_sent(plan):
+            plan = replace(plan, directives=(*plan.directives, self._drop_reply(self._reply)))
+        body = plan.leyline(self.session).model_dump(mode="json", exclude_none=True)
+        return PreparedCall(plan, body)
+
+    def commit(
+        self,
+        prepared: PreparedCall,
+        completion: BaseModel,
+        support: ServerSupport,
+        latency_s: float,
+        resync: str | None = None,
+    ) -> CallRecord:
+        """Record that the server answered ``prepared`` with ``completion``."""
+        plan = prepared.plan
+        leyline = _leyline_of(completion) if prepared.leyline is not None else None
+        self.planner.commit(plan, leyline if self.directives else None)
+        usage = getattr(completion, "usage", None)
+        prompt = _int_attr(usage, "prompt_tokens")
+        generated = _int_attr(usage, "completion_tokens")
+        self._reply = None
+        if leyline is not None and self.directives and generated is not None:
+            self._reply = _reply_of(completion, plan, leyline, generated)
+        record = CallRecord(
+            call=len(self.records),
+            session=self.session if prepared.leyline is not None else None,
+            leyline=support.leyline,
+            path=leyline.path.value if leyline else None,
+            reused_tokens=leyline.reused_tokens if leyline else None,
+            prefilled_tokens=leyline.prefilled_tokens if leyline else None,
+            rotated_tokens=leyline.rotated_tokens if leyline else None,
+            fallback_reason=leyline.fallback_reason.value
+            if leyline and leyline.fallback_reason
+            else None,
+            latency_s=latency_s,
+            messages=len(plan.messages),
+            edits=len(plan.edits),
+            directives=len(plan.directives) if prepared.leyline is not None else 0,
+            plan_fallback=plan.fallback,
+            resync=resync,
+            revision=leyline.revision if leyline else None,
+            prompt_tokens=prompt,
+            completion_tokens=generated,
+        )
+        self.records.append(record)
+        self.last_plan = plan
+        return record
+
+    def drop(self) -> None:
+        """The server's cache is not what the planner thinks (conflict, lost session, error):
+        the next call sends plain messages in the session; the server re-prefills."""
+        self.planner.drop_session()
+        self._reply = None
+
+    def _reply_sent(self, plan: TurnPlan) -> bool:
+        """Whether the agent sent the last reply back as a new message."""
+        assert self._reply is not None
+        pairs = align_messages(self.planner.served, plan.messages)
+        fresh = [plan.messages[j] for o, j in pairs if o is None and j is not None]
+        return any(same_reply(m, self._reply.message) for m in fresh)
+
+    @staticmethod
+    def _drop_reply(reply: _Reply) -> SpliceDirective:
+        """Remove the unsent reply (and its generation prompt) from the cached tail.
+
+        Without it the request's messages would not be the cached sequence with the batch
+        applied (spec section 6: ``token_mismatch``), since the reply is still cached.
+        """
+        return SpliceDirective(span=TokenSpan(start=reply.start, end=reply.end))
+
+
+def same_reply(a: Message, b: Message) -> bool:
+    """Two assistant messages a server renders alike: same text and same tool calls."""
+    if a.get("role") != "assistant" or b.get("role") != "assistant":
+        return False
+    return (content_text(a) or "") == (content_text(b) or "") and _calls(a) == _calls(b)
+
+
+def _calls(message: Message) -> str:
+    calls = message.get("tool_calls") or []
+    out: list[object] = []
+    for call in calls if isinstance(calls, list | tuple) else []:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping):
+            out.append(call)
+            continue
+        arguments = function.get("arguments")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            parsed = arguments
+        out.append([function.get("name"), parsed])
+    return canonical_json(out)
+
+
+def new_session_id() -> str:
+    return f"leyline-{uuid.uuid4().hex[:16]}"
+
+
+def _leyline_of(completion: BaseModel) -> LeylineResponse | None:
+    data = (completion.model_extra or {}).get(LEYLINE_KEY)
+    if data is None:
+        return None
+    try:
+        return LeylineResponse.model_validate(data)
+    except ValidationError:
+        return None
+
+
+def _reply_of(
+    completion: BaseModel, plan: TurnPlan, leyline: LeylineResponse, generated: int
+) -> _Reply | None:
+    sent = len(plan.messages)
+    if not sent or len(leyline.spans) < sent:
+        return None
+    choices = getattr(completion, "choices", None) or []
+    message = getattr(choices[0], "message", None) if choices else None
+    if not isinstance(message, BaseModel):
+        return None
+    start = leyline.spans[sent - 1].end
+    end = leyline.reused_tokens + leyline.prefilled_tokens + generated
+    if end <= start:
+        return None
+    return _Reply(message.model_dump(mode="json", exclude_none=True), start, end)
+
+
+def _int_attr(value: object, name: str) -> int | None:
+    found = getattr(value, name, None)
+    return found if isinstance(found, int) else None

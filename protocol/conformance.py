@@ -1,0 +1,242 @@
+"""A conformance suite any Leyline server can be run against: ``leyline conformance URL``.
+
+Model-agnostic: it works in token ids, checks every result against the protocol's own edit
+algebra, and checks that every rejected batch leaves the session exactly as it was. It
+creates and deletes its own sessions (named ``conformance-*``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from .algebra import Edit, apply_edits
+from .capabilities import PROTOCOL_VERSION, is_compatible
+from .client import LeylineClient
+from .directives import Mode, Verb
+from .errors import ErrorCode, LeylineError
+from .resources import Routes, SessionInfo
+
+_TEXT = (
+    "The quick brown fox jumps over the lazy dog while the cat watches from the warm "
+    "windowsill and the bird sings a long song about the morning sun."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+class _Failed(AssertionError):
+    pass
+
+
+def _expect(condition: bool, detail: str) -> None:
+    if not condition:
+        raise _Failed(detail)
+
+
+class ConformanceSuite:
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 300) -> None:
+        self.client = LeylineClient(base_url, api_key=api_key, timeout=timeout)
+        self._raw = httpx.Client(
+            base_url=base_url,
+            timeout=timeout,
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+        )
+        self.verbs: set[Verb] = set()
+
+    def checks(self) -> list[tuple[str, Callable[[], None]]]:
+        return [
+            ("capabilities are compatible", self.check_capabilities),
+            ("session holds what was sent", self.check_session),
+            ("splice follows the edit algebra", self.check_splice),
+            ("forget follows the edit algebra and re-prefills", self.check_forget),
+            ("erratum appends and keeps the prefix", self.check_erratum),
+            ("a batch applies all at once", self.check_batch),
+            ("identity splice changes no token", self.check_identity),
+            ("stale revision: 409, nothing changed", self.check_conflict),
+            ("bad batches: typed errors, nothing changed", self.check_rejections),
+            ("unsupported verbs are refused, never ignored", self.check_unsupported),
+            ("deleted sessions are gone", self.check_delete),
+            ("schema is served", self.check_schema),
+        ]
+
+    def run(self) -> list[CheckResult]:
+        results = []
+        for name, check in self.checks():
+            try:
+                check()
+                results.append(CheckResult(name, True))
+            except (_Failed, LeylineError, httpx.HTTPError, ValueError) as exc:
+                results.append(CheckResult(name, False, f"{type(exc).__name__}: {exc}"))
+        return results
+
+    def close(self) -> None:
+        self.client.close()
+        self._raw.close()
+
+    # -- helpers --------------------------------------------------------------------------
+
+    @contextmanager
+    def _session(self) -> Iterator[SessionInfo]:
+        name = f"conformance-{uuid.uuid4().hex[:10]}"
+        self.client.create_session(name, text=_TEXT)
+        try:
+            yield self.client.get_session(name, include_tokens=True)
+        finally:
+            with suppress(LeylineError):
+                self.client.delete_session(name)
+
+    def _apply_and_compare(
+        self, info: SessionInfo, edits: list[Edit], raw: list[Any], *, changes: bool = True
+    ) -> None:
+        assert info.tokens is not None
+        expected = apply_edits(info.tokens, edits)
+        reply = self._raw.post(
+            Routes.directives.format(session=info.session),
+            json={"base_revision": info.revision, "directives": raw},
+        )
+        _expect(reply.status_code == 200, f"HTTP {reply.status_code}: {reply.text[:300]}")
+        after = self.client.get_session(info.session, include_tokens=True)
+        _expect(after.tokens == list(expected.tokens), "tokens differ from the edit algebra's")
+        if changes:  # a batch that changes no token need not bump the revision
+            _expect(after.revision > info.revision, "revision did not advance")
+        body = reply.json()
+        total = body["reused_tokens"] + body["prefilled_tokens"]
+        _expect(total == len(expected.tokens), f"reused + prefilled = {total}, not the length")
+        if any(e.mode is Mode.forget for e in edits):
+            _expect(body["path"] == "reprefill", f"forget answered path {body['path']}")
+
+    def _rejected(self, info: SessionInfo, body: dict[str, Any], code: ErrorCode) -> None:
+        reply = self._raw.post(Routes.directives.format(session=info.session), json=body)
+        _expect(reply.status_code >= 400, f"accepted: {reply.text[:200]}")
+        got = reply.json().get("error", {}).get("code")
+        _expect(got == code, f"expected {code}, got {got} ({reply.status_code})")
+        after = self.client.get_session(info.session, include_tokens=True)
+        _expect(after == info, f"{code}: the session changed")
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def check_capabilities(self) -> None:
+        caps = self.client.capabilities()
+        _expect(
+            is_compatible(PROTOCOL_VERSION, caps.protocol_version),
+            f"server speaks {caps.protocol_version}, suite {PROTOCOL_VERSION}",
+        )
+        self.verbs = set(caps.verbs)
+        _expect(
+            Verb.splice in self.verbs or Verb.forget in self.verbs,
+            "the server executes neither splice nor forget",
+        )
+
+    def check_session(self) -> None:
+        with self._session() as info:
+            _expect(info.tokens == self.client.tokenize(_TEXT).tokens, "tokens differ")
+            _expect(info.num_tokens == len(info.tokens or []), "num_tokens is wrong")
+
+    def check_splice(self) -> None:
+        with self._session() as info:
+            raw = [{"verb": "splice", "span": {"start": 3, "end": 9}, "replacement": [11, 12]}]
+            self._apply_and_compare(info, [Edit(3, 9, (11, 12), Mode.amortize)], raw)
+
+    def check_forget(self) -> None:
+        with self._session() as info:
+            raw = [{"verb": "forget", "span": {"start": 4, "end": 7}, "replacement": []}]
+            self._apply_and_compare(info, [Edit(4, 7, (), Mode.forget)], raw)
+
+    def check_erratum(self) -> None:
+        with self._session() as info:
+            n = info.num_tokens
+            note = list(self.client.tokenize(" [STATE UPDATE] fox -> wolf.").tokens)
+            raw = [{"verb": "erratum", "text": note}]
+            self._apply_and_compare(info, [Edit(n, n, tuple(note), Mode.amortize)], raw)
+
+    def check_batch(self) -> None:
+        with self._session() as info:
+            raw = [
+                {"verb": "splice", "span": {"start": 10, "end": 14}, "replacement": [21]},
+                {"verb": "splice", "span": {"start": 2, "end": 4}, "replacement": []},
+                {"verb": "splice", "span": {"start": 6, "end": 6}, "replacement": [22, 23]},
+            ]
+            edits = [
+                Edit(10, 14, (21,), index=0),
+                Edit(2, 4, (), index=1),
+                Edit(6, 6, (22, 23), index=2),
+            ]
+            self._apply_and_compare(info, edits, raw)
+
+    def check_identity(self) -> None:
+        with self._session() as info:
+            assert info.tokens is not None
+            same = info.tokens[5:9]
+            raw = [{"verb": "splice", "span": {"start": 5, "end": 9}, "replacement": same}]
+            self._apply_and_compare(info, [Edit(5, 9, tuple(same))], raw, changes=False)
+
+    def check_conflict(self) -> None:
+        with self._session() as info:
+            body = {
+                "base_revision": info.revision + 5,
+                "directives": [{"verb": "forget", "span": {"start": 1, "end": 2}}],
+            }
+            self._rejected(info, body, ErrorCode.revision_conflict)
+
+    def check_rejections(self) -> None:
+        with self._session() as info:
+            n, r = info.num_tokens, info.revision
+            span = {"verb": "splice", "span": {"start": 1, "end": 3}}
+            cases = [
+                ([{"verb": "splice", "span": {"start": 2, "end": n + 3}}], ErrorCode.invalid_span),
+                ([{"verb": "splice", "span": {"start": 5, "end": 2}}], ErrorCode.invalid_span),
+                (
+                    [span, {"verb": "splice", "span": {"start": 2, "end": 4}}],
+                    ErrorCode.overlapping_directives,
+                ),
+                ([{"verb": "rewind", "span": {"start": 0, "end": 1}}], ErrorCode.invalid_directive),
+                ([span | {"surprise": True}], ErrorCode.invalid_directive),
+                ([{"verb": "splice", "span": {"start": 3, "end": 3}}], ErrorCode.invalid_span),
+                ([], ErrorCode.empty_batch),
+            ]
+            for directives, code in cases:
+                self._rejected(info, {"base_revision": r, "directives": directives}, code)
+
+    def check_unsupported(self) -> None:
+        missing = [v for v in (Verb.pin, Verb.decay, Verb.scratch) if v not in self.verbs]
+        with self._session() as info:
+            for verb in missing:
+                body = {
+                    "base_revision": info.revision,
+                    "directives": [{"verb": verb.value, "span": {"start": 0, "end": 1}}],
+                }
+                self._rejected(info, body, ErrorCode.unsupported_verb)
+
+    def check_delete(self) -> None:
+        name = f"conformance-{uuid.uuid4().hex[:10]}"
+        self.client.create_session(name, text=_TEXT)
+        self.client.delete_session(name)
+        try:
+            self.client.get_session(name)
+        except LeylineError as exc:
+            _expect(exc.code is ErrorCode.unknown_session, f"got {exc.code}")
+            return
+        raise _Failed("a deleted session is still there")
+
+    def check_schema(self) -> None:
+        schema = self.client.schema()
+        _expect("SpliceDirective" in schema.get("$defs", {}), "no SpliceDirective in $defs")
+
+
+def run_conformance(base_url: str, *, api_key: str | None = None) -> list[CheckResult]:
+    suite = ConformanceSuite(base_url, api_key=api_key)
+    try:
+        return suite.run()
+    finally:
+        suite.close()

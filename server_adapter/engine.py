@@ -1,0 +1,134 @@
+"""The reference engine: one model, its RoPE and cache layout, sessions, a shared prefix cache."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from leyline.protocol.capabilities import Limits
+from leyline.protocol.errors import ErrorCode, LeylineError
+
+from .errors import SpliceUnsupportedError
+from .forward import DEFAULT_PREFILL_CHUNK, KVBuffers, forward_into, forward_tokens
+from .kv_blocks import KVCache
+from .layouts import CacheLayout, detect_layout
+from .models import LoadedModel, load_model
+from .prefix_cache import PrefixCache
+from .rope import RopeSpec, rope_spec
+from .session import SessionCache
+
+
+class Engine:
+    """Owns the model and everything shared between sessions.
+
+    RoPE and layout are read once at start. If the model cannot be rotated exactly
+    (dynamic NTK, sliding windows, an unknown layout) the engine still serves: every
+    splice that would move a key falls back to re-prefill with ``splice_refusal.reason``.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        prefix_cache: PrefixCache | None = None,
+        limits: Limits | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    ) -> None:
+        self.loaded = loaded
+        self.model = loaded.model.eval()
+        self.tokenizer = loaded.tokenizer
+        self.prefix_cache = prefix_cache
+        self.prefill_chunk = prefill_chunk
+        max_positions = int(getattr(self.model.config, "max_position_embeddings", 0)) or None
+        self.limits = limits or Limits(max_session_tokens=max_positions)
+        self.rope: RopeSpec | None = None
+        self.layout: CacheLayout | None = None
+        self.splice_refusal: SpliceUnsupportedError | None = None
+        try:
+            self.rope = rope_spec(self.model)
+            self.layout = detect_layout(self.model, self.rope)
+        except SpliceUnsupportedError as exc:
+            self.splice_refusal = exc
+        self._sessions: dict[str, SessionCache] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(
+        cls,
+        source: str | Path | None = None,
+        *,
+        prefix_cache_bytes: int = 0,
+        block_size: int = 16,
+        **kwargs: object,
+    ) -> Engine:
+        """Load ``source`` (see ``load_model``) with an optional shared prefix cache."""
+        cache = None
+        if prefix_cache_bytes:
+            cache = PrefixCache(prefix_cache_bytes, block_size=block_size)
+        return cls(load_model(source), prefix_cache=cache, **kwargs)  # type: ignore[arg-type]
+
+    # -- model access ----------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    def forward(self, kv: KVCache, tokens: Sequence[int]) -> tuple[KVCache, torch.Tensor]:
+        """New KV of ``kv`` + ``tokens`` (``kv`` itself is only read) and next-token logits."""
+        return forward_tokens(self.model, kv, tokens, chunk=self.prefill_chunk)
+
+    def forward_into(self, buffers: KVBuffers, length: int, tokens: Sequence[int]) -> torch.Tensor:
+        """Prefill ``tokens`` in place after the first ``length`` buffered positions."""
+        return forward_into(self.model, buffers, length, tokens, chunk=self.prefill_chunk)
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """Text to token ids, no special tokens added (the one tokenizer path)."""
+        if self.tokenizer is None:
+            raise LeylineError(
+                ErrorCode.invalid_directive,
+                f"{self.loaded.label} has no tokenizer; send token ids instead of text",
+            )
+        return tuple(int(t) for t in self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(str(t) for t in tokens)
+        return str(self.tokenizer.decode(list(tokens), skip_special_tokens=False))
+
+    # -- sessions --------------------------------------------------------------------
+
+    def create_session(self, session_id: str | None = None) -> SessionCache:
+        sid = session_id or uuid.uuid4().hex
+        with self._lock:
+            if sid in self._sessions:
+                raise LeylineError(
+                    ErrorCode.invalid_directive, f"session {sid!r} already exists", "session"
+                )
+            cap = self.limits.max_sessions
+            if cap is not None and len(self._sessions) >= cap:
+                raise LeylineError(
+                    ErrorCode.limit_exceeded, f"this server holds at most {cap} sessions"
+                )
+            session = SessionCache(self, sid)
+            self._sessions[sid] = session
+        return session
+
+    def session(self, session_id: str) -> SessionCache:
+        with self._lock:
+            found = self._sessions.get(session_id)
+        if found is None:
+            raise LeylineError(
+                ErrorCode.unknown_session, f"no session {session_id!r} (expired?)", "session"
+            )
+        return found
+
+    def close_session(self, session_id: str) -> None:
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise LeylineError(ErrorCode.unknown_session, f"no session {session_id!r}", "session")
+        session.release()

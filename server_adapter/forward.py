@@ -1,0 +1,150 @@
+"""Model forward over the engine's KV, writing new entries into preallocated buffers.
+
+The engine keeps KV as ``KVCache`` (a tuple over layers of ``(keys, values)``, the prefix
+cache's format). transformers' ``DynamicLayer`` concatenates on every update: a decode step
+at 4k tokens copies the whole cache, a chunked prefill copies it once per chunk. Here a
+``BufferedLayer`` writes each new entry into a buffer sized for the final length instead,
+and hands the model views of what is filled.
+
+Buffers belong to the operation that allocates them (a prefill, a splice, a generation);
+the KV a session already holds is only ever read, so a failed operation leaves it bitwise
+unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+from .kv_blocks import KVCache
+
+DEFAULT_PREFILL_CHUNK = 512
+
+KVBuffers = list[list[torch.Tensor]]
+"""Per layer, per slot: a tensor ``[..., capacity, dim]``; filled up to some length."""
+
+
+class BufferedLayer(DynamicLayer):
+    """A cache layer whose ``update`` writes into a fixed-capacity buffer, in place."""
+
+    def __init__(self, slots: list[torch.Tensor] | None, length: int, capacity: int) -> None:
+        super().__init__()
+        self.slots, self.length, self.capacity = slots, length, capacity
+        if slots is not None:
+            self.is_initialized = True
+            self.device = slots[0].device
+            self.keys, self.values = (t[..., :length, :] for t in slots)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = key_states.shape[-2]
+        if self.slots is None:  # first tokens of an empty cache: allocate for the final length
+            self.slots = [
+                torch.empty(
+                    (*t.shape[:-2], self.capacity, t.shape[-1]), dtype=t.dtype, device=t.device
+                )
+                for t in (key_states, value_states)
+            ]
+            self.is_initialized, self.device = True, key_states.device
+        if self.length + n > self.capacity:
+            raise ValueError(f"buffer holds {self.capacity} positions, {self.length + n} needed")
+        end = self.length + n
+        self.slots[0][..., self.length : end, :].copy_(key_states)
+        self.slots[1][..., self.length : end, :].copy_(value_states)
+        self.length = end
+        self.keys, self.values = (t[..., :end, :] for t in self.slots)
+        return self.keys, self.values
+
+
+def kv_length(kv: KVCache) -> int:
+    return 0 if not kv else int(kv[0][0].shape[-2])
+
+
+def new_buffers(kv: KVCache, capacity: int) -> KVBuffers:
+    """Empty buffers shaped like ``kv``'s tensors, with room for ``capacity`` positions."""
+    return [
+        [
+            torch.empty((*t.shape[:-2], capacity, t.shape[-1]), dtype=t.dtype, device=t.device)
+            for t in layer
+        ]
+        for layer in kv
+    ]
+
+
+def filled(buffers: KVBuffers, length: int) -> KVCache:
+    """Views of the first ``length`` positions."""
+    return tuple(tuple(t[..., :length, :] for t in layer) for layer in buffers)
+
+
+@torch.no_grad()
+def forward_into(
+    model: PreTrainedModel,
+    buffers: KVBuffers,
+    length: int,
+    tokens: Sequence[int],
+    *,
+    capacity: int | None = None,
+    chunk: int = DEFAULT_PREFILL_CHUNK,
+) -> torch.Tensor:
+    """Run ``tokens`` at positions ``length, length+1, ...`` attending to the first ``length``
+    buffered positions; their KV is written into the buffers. Returns fp32 next-token logits.
+
+    ``buffers`` may be an empty list (nothing cached yet): it is filled in, allocated for
+    ``capacity`` positions (default ``length + len(tokens)``). Positions are cache indices:
+    the engine keeps them contiguous, a splice re-rotates moved keys instead of leaving gaps.
+    """
+    if not tokens:
+        raise ValueError("forward_into needs at least one token")
+    cap = capacity if capacity is not None else length + len(tokens)
+    layers = [BufferedLayer(slots, length, cap) for slots in buffers]
+    cache = DynamicCache()
+    if layers:
+        cache.layers.extend(layers)
+    else:  # created by the model on first use, one per layer
+        cache.layer_class_to_replicate = lambda: BufferedLayer(None, length, cap)  # type: ignore[assignment]
+    device = model.device
+    logits: torch.Tensor | None = None
+    for lo in range(0, len(tokens), chunk):
+        ids = torch.tensor([list(tokens[lo : lo + chunk])], dtype=torch.long, device=device)
+        pos = torch.arange(length + lo, length + lo + ids.shape[1], device=device).unsqueeze(0)
+        out = model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[0, -1]
+    if not buffers:
+        buffers.extend(layer.slots for layer in cache.layers)  # type: ignore[union-attr]
+    assert logits is not None
+    return logits.float()
+
+
+def forward_tokens(
+    model: PreTrainedModel,
+    kv: KVCache,
+    tokens: Sequence[int],
+    *,
+    chunk: int = DEFAULT_PREFILL_CHUNK,
+) -> tuple[KVCache, torch.Tensor]:
+    """New KV of ``kv`` followed by ``tokens`` (one copy of ``kv``), and the next-token logits."""
+    length = kv_length(kv)
+    total = length + len(tokens)
+    buffers = new_buffers(kv, total)
+    for layer, slots in zip(kv, buffers, strict=True):
+        for src, dst in zip(layer, slots, strict=True):
+            dst[..., :length, :].copy_(src)
+    logits = forward_into(model, buffers, length, tokens, capacity=total, chunk=chunk)
+    return filled(buffers, total), logits
+
+
+@torch.no_grad()
+def prefill_at(model: PreTrainedModel, tokens: Sequence[int], start: int) -> KVCache:
+    """KV of ``tokens`` prefilled from scratch at positions ``start, start+1, ...``, with
+    transformers' own ``DynamicCache``: the independent reference for tests and the layout
+    probe (attention is relative, so hidden states equal those at position 0 up to rounding).
+    """
+    cache = DynamicCache()
+    ids = torch.tensor([list(tokens)], dtype=torch.long, device=model.device)
+    pos = torch.arange(start, start + len(tokens), device=model.device).unsqueeze(0)
+    model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+    return tuple((layer.keys, layer.values) for layer in cache.layers)

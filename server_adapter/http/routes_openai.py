@@ -1,0 +1,242 @@
+"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import AsyncIterator, Sequence
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from ..reports import TokenChoice
+from .jobs import TokenJob
+from .openai_types import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChoiceLogprobs,
+    ChunkChoice,
+    ChunkDelta,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+    new_id,
+)
+from .service import LeylineService, Reply
+from .streaming import DONE, DeltaText, sse
+
+
+def openai_router(service: LeylineService) -> APIRouter:
+    router = APIRouter(tags=["OpenAI-compatible"])
+
+    @router.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=service.model_name)])
+
+    @router.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(
+        body: ChatCompletionRequest, request: Request
+    ) -> ChatCompletion | StreamingResponse:
+        """Chat; a ``leyline`` object in the body carries the session and directives."""
+        t0 = time.perf_counter()
+        job = TokenJob(service, lambda on_token: service.chat(body, on_token))
+        try:
+            if body.stream:
+                first = await job.first_token()
+                return StreamingResponse(
+                    _chat_events(service, body, job, first), media_type="text/event-stream"
+                )
+            reply = await job.result_or_cancel(request)
+        finally:
+            service.metrics.latency.labels("chat").observe(time.perf_counter() - t0)
+        return _chat_completion(service, body, reply)
+
+    @router.post("/v1/completions", response_model=None)
+    async def completions(
+        body: CompletionRequest, request: Request
+    ) -> Completion | StreamingResponse:
+        """Text completion from a string or token ids; same ``leyline`` extension."""
+        t0 = time.perf_counter()
+        job = TokenJob(service, lambda on_token: service.complete(body, on_token))
+        try:
+            if body.stream:
+                first = await job.first_token()
+                return StreamingResponse(
+                    _completion_events(service, body, job, first),
+                    media_type="text/event-stream",
+                )
+            reply = await job.result_or_cancel(request)
+        finally:
+            service.metrics.latency.labels("completions").observe(time.perf_counter() - t0)
+        return _completion(service, body, reply)
+
+    return router
+
+
+def _usage(reply: Reply) -> Usage:
+    completion = len(reply.generation.tokens)
+    return Usage(
+        prompt_tokens=reply.prompt_tokens,
+        completion_tokens=completion,
+        total_tokens=reply.prompt_tokens + completion,
+    )
+
+
+def _finish(reply: Reply) -> str:
+    return "tool_calls" if reply.tool_calls else reply.generation.finish_reason
+
+
+def _chat_logprobs(service: LeylineService, choices: Sequence[TokenChoice]) -> ChoiceLogprobs:
+    def entry(token: int, logprob: float) -> TopLogprob:
+        text = service.engine.decode([token])
+        return TopLogprob(token=text, logprob=_finite(logprob), bytes=list(text.encode()))
+
+    return ChoiceLogprobs(
+        content=[
+            TokenLogprob(
+                **entry(c.token, c.logprob).model_dump(),
+                top_logprobs=[entry(t, lp) for t, lp in c.top],
+            )
+            for c in choices
+        ]
+    )
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else -9999.0
+
+
+def _chat_completion(
+    service: LeylineService, body: ChatCompletionRequest, reply: Reply
+) -> ChatCompletion:
+    logprobs = None
+    if body.logprobs:
+        logprobs = _chat_logprobs(service, reply.generation.logprobs)
+    message = AssistantMessage(
+        content=reply.content or (None if reply.tool_calls else ""),
+        tool_calls=reply.tool_calls or None,
+    )
+    choice = ChatChoice(
+        message=message,
+        finish_reason=_finish(reply),  # type: ignore[arg-type]
+        logprobs=logprobs,
+    )
+    return ChatCompletion(
+        model=service.model_name, choices=[choice], usage=_usage(reply), leyline=reply.leyline
+    )
+
+
+async def _chat_events(
+    service: LeylineService, body: ChatCompletionRequest, job: TokenJob[Reply], first: int | None
+) -> AsyncIterator[str]:
+    cid, model = new_id("chatcmpl"), service.model_name
+    buffered = bool(body.tools) and body.tool_choice != "none"  # tool calls parse at the end
+    deltas = DeltaText(
+        service.engine.decode, body.stop_strings(), service.engine.loaded.eos_token_ids
+    )
+
+    def chunk(delta: ChunkDelta, **extra: object) -> str:
+        return sse(
+            ChatCompletionChunk(id=cid, model=model, choices=[ChunkChoice(delta=delta, **extra)])
+        )  # type: ignore[arg-type]
+
+    try:
+        yield chunk(ChunkDelta(role="assistant", content=""))
+        tokens = [] if first is None else [first]
+        async for token in _chain(tokens, job):
+            text = deltas.push(token)
+            if text and not buffered:
+                yield chunk(ChunkDelta(content=text))
+        reply = job.task.result()
+        rest = reply.content if buffered else deltas.finish(reply.content)
+        calls = [c.model_dump() | {"index": i} for i, c in enumerate(reply.tool_calls)]
+        if rest or calls:
+            yield chunk(ChunkDelta(content=rest or None, tool_calls=calls or None))
+        usage = _usage(reply) if body.stream_options and body.stream_options.include_usage else None
+        final = ChatCompletionChunk(
+            id=cid,
+            model=model,
+            usage=usage,
+            leyline=reply.leyline,
+            choices=[ChunkChoice(delta=ChunkDelta(), finish_reason=_finish(reply))],  # type: ignore[arg-type]
+        )
+        yield sse(final)
+        yield DONE
+    finally:
+        job.cancel()  # a client that went away stops the generation at its next token
+
+
+async def _completion_events(
+    service: LeylineService, body: CompletionRequest, job: TokenJob[Reply], first: int | None
+) -> AsyncIterator[str]:
+    cid, model = new_id("cmpl"), service.model_name
+    deltas = DeltaText(
+        service.engine.decode, body.stop_strings(), service.engine.loaded.eos_token_ids
+    )
+    try:
+        tokens = [] if first is None else [first]
+        async for token in _chain(tokens, job):
+            if text := deltas.push(token):
+                yield sse(
+                    Completion(
+                        id=cid,
+                        model=model,
+                        choices=[CompletionChoice(text=text, finish_reason=None)],
+                    )
+                )
+        reply = job.task.result()
+        final = CompletionChoice(text=deltas.finish(reply.content), finish_reason=_finish(reply))  # type: ignore[arg-type]
+        yield sse(
+            Completion(
+                id=cid, model=model, choices=[final], usage=_usage(reply), leyline=reply.leyline
+            )
+        )
+        yield DONE
+    finally:
+        job.cancel()
+
+
+async def _chain(first: list[int], job: TokenJob[Reply]) -> AsyncIterator[int]:
+    for token in first:
+        yield token
+    async for token in job.rest():
+        yield token
+
+
+def _completion(service: LeylineService, body: CompletionRequest, reply: Reply) -> Completion:
+    logprobs = None
+    if body.logprobs is not None:
+        choices = reply.generation.logprobs
+        texts = [service.engine.decode([c.token]) for c in choices]
+        offsets, at = [], 0
+        for text in texts:
+            offsets.append(at)
+            at += len(text)
+        logprobs = CompletionLogprobs(
+            tokens=texts,
+            token_logprobs=[_finite(c.logprob) for c in choices],
+            top_logprobs=[
+                {service.engine.decode([t]): _finite(lp) for t, lp in c.top} for c in choices
+            ],
+            text_offset=offsets,
+        )
+    text = reply.content
+    if body.echo and isinstance(body.prompt, str):
+        text = body.prompt + text
+    choice = CompletionChoice(
+        text=text,
+        finish_reason=_finish(reply),  # type: ignore[arg-type]
+        logprobs=logprobs,
+    )
+    return Completion(
+        model=service.model_name, choices=[choice], usage=_usage(reply), leyline=reply.leyline
+    )

@@ -1,0 +1,26 @@
+"""Build the app from settings: load the model, size the caches, wire the service."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from leyline.protocol import Limits
+
+from ..engine import Engine
+from ..models import load_model
+from ..prefix_cache import PrefixCache
+from .app import create_app
+from .settings import ServerSettings
+
+
+def build_app(settings: ServerSettings, *, prefix_cache_bytes: int = 1024**3) -> FastAPI:
+    loaded = load_model(settings.model)
+    cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+    # The registry enforces the session count (with LRU eviction), not the engine.
+    limits = Limits(
+        max_directives=settings.max_directives,
+        max_replacement_tokens=settings.max_replacement_tokens,
+        max_session_tokens=settings.max_session_tokens,
+        max_sessions=None,
+    )
+    return create_app(Engine(loaded, prefix_cache=cache, limits=limits), settings)

@@ -1,0 +1,82 @@
+"""Tiny random-weight DeepSeek-V2 / V3 models: MLA cache layouts without downloading anything.
+
+These are for tests and MLA demos only; :class:`LoadedModel.random_weights` is set, so every
+report labels them RANDOM WEIGHTS. MoE is switched off (``first_k_dense_replace`` equals the
+layer count) so they build in a second and run on CPU.
+
+With transformers' default init (std 0.02) the outputs are near-uniform and cannot tell a
+right splice from a wrong one; ``initializer_range=0.15`` makes attention sharp enough that
+they can (measured: correct rotation agrees with re-prefill far more often than no rotation).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from transformers import (
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+)
+
+from .loaded import LoadedModel
+
+MlaVersion = Literal["v2", "v3"]
+
+
+def tiny_mla_config(
+    version: MlaVersion,
+    *,
+    rope_parameters: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> DeepseekV2Config | DeepseekV3Config:
+    """Config of a 3-layer, hidden-256 MLA model (latent 64, rope band 16, nope 32, v 32)."""
+    layers = int(overrides.pop("num_hidden_layers", 3))
+    common: dict[str, Any] = {
+        "vocab_size": 1000,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "kv_lora_rank": 64,
+        "q_lora_rank": None,
+        "qk_rope_head_dim": 16,
+        "qk_nope_head_dim": 32,
+        "v_head_dim": 32,
+        "first_k_dense_replace": layers,  # every layer dense: no MoE
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "max_position_embeddings": 4096,
+        "initializer_range": 0.15,
+        "rope_parameters": rope_parameters or {"rope_type": "default", "rope_theta": 10000.0},
+        "tie_word_embeddings": False,
+    }
+    if version == "v3":
+        common.update(n_group=1, topk_group=1)
+    common.update(overrides)
+    config_cls = DeepseekV2Config if version == "v2" else DeepseekV3Config
+    return config_cls(**common)
+
+
+def build_tiny_mla(
+    version: MlaVersion = "v3",
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    rope_parameters: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> LoadedModel:
+    """A seeded random DeepSeek-``version`` causal LM (no tokenizer: address it in token ids)."""
+    config = tiny_mla_config(version, rope_parameters=rope_parameters, **overrides)
+    model_cls = DeepseekV2ForCausalLM if version == "v2" else DeepseekV3ForCausalLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config)
+    model = model.to(dtype).eval()
+    name = f"tiny-mla-{version}"
+    return LoadedModel(model, None, name, f"random:{name}:seed={seed}", random_weights=True)

@@ -1,0 +1,217 @@
+"""RoPE algebra in one place: the model's own frequencies, and rotation of cached keys by delta.
+
+A key cached at position ``p`` holds ``R(p·f)·k`` (times the rope type's attention scaling,
+e.g. YaRN's mscale, which transformers bakes into its cos/sin tables). Moving it to
+``p + delta`` only needs ``R(delta·f)``: rotations compose, and the scaling is already in
+the key, so it is never applied again. Frequencies come from transformers' own rope init
+functions (``ROPE_INIT_FUNCTIONS``, or the model's ``compute_default_rope_parameters``),
+cross-checked against the buffer the model actually uses.
+
+Pairing: ``"half"`` rotates dim ``i`` with ``i + d/2`` (HF ``rotate_half``); ``"interleaved"``
+rotates ``2i`` with ``2i + 1`` (llama.cpp, DeepSeek-V2's complex form). The rotary band is
+the first ``2·len(inv_freq)`` dims of the tensor handed in; callers slice partial-rotary and
+MLA bands out first (see ``layouts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from leyline.protocol.fallback import FallbackReason
+
+from .errors import SpliceUnsupportedError
+
+Pairing = Literal["half", "interleaved"]
+
+#: Rope types whose frequencies do not depend on the sequence length: a delta rotation of
+#: a cached key is exact. "longrope" switches frequency sets past its original context, so
+#: it is exact only below that length (``RopeSpec.max_exact_length``).
+SHIFTABLE_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn", "proportional"})
+_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class RopeSpec:
+    """The frequencies a model rotated its cached keys with."""
+
+    rope_type: str
+    inv_freq: torch.Tensor
+    """fp32, ``[rotary_dim // 2]``, exactly the model's buffer."""
+    attention_scaling: float
+    """Already inside every cached key (cos/sin were scaled); informational only."""
+    max_exact_length: int | None = None
+    """Sequences longer than this cannot be rotated exactly (longrope); None: no limit."""
+
+    @property
+    def rotary_dim(self) -> int:
+        return 2 * int(self.inv_freq.numel())
+
+    def check_length(self, length: int) -> None:
+        """Raise ``SpliceUnsupportedError(unsupported_rope)`` past the exact range."""
+        if self.max_exact_length is not None and length > self.max_exact_length:
+            raise SpliceUnsupportedError(
+                FallbackReason.unsupported_rope,
+                f"{self.rope_type} RoPE switches frequencies past {self.max_exact_length} "
+                f"tokens; a {length}-token sequence cannot be rotated exactly",
+            )
+
+
+def find_rotary_embedding(model: PreTrainedModel) -> nn.Module:
+    """The model's rotary embedding module (one ``inv_freq`` buffer shared by all layers)."""
+    found = [m for m in model.modules() if hasattr(m, "inv_freq") and hasattr(m, "rope_type")]
+    if len(found) != 1 or not isinstance(getattr(found[0], "rope_type", None), str):
+        raise SpliceUnsupportedError(
+            FallbackReason.unsupported_rope,
+            f"expected one rotary embedding with a single rope type, found {len(found)} "
+            "(per-layer-type RoPE is not supported)",
+        )
+    return found[0]
+
+
+def rope_spec(model: PreTrainedModel) -> RopeSpec:
+    """Read the model's RoPE through transformers' own init functions.
+
+    Raises:
+        SpliceUnsupportedError: ``unsupported_rope`` for dynamic NTK (its frequencies
+            change with the sequence length, so cached keys cannot be shifted exactly),
+            unknown rope types, or a model whose buffer disagrees with transformers' init.
+    """
+    module = find_rotary_embedding(model)
+    rope_type: str = module.rope_type
+    if rope_type not in SHIFTABLE_ROPE_TYPES and rope_type != "longrope":
+        raise SpliceUnsupportedError(
+            FallbackReason.unsupported_rope,
+            f"rope_type {rope_type!r} cannot be shifted exactly"
+            + (" (dynamic NTK rescales with sequence length)" if "dynamic" in rope_type else ""),
+        )
+    init: Callable[..., tuple[torch.Tensor, float]] | None = ROPE_INIT_FUNCTIONS.get(rope_type)
+    if init is None:
+        init = getattr(type(module), "compute_default_rope_parameters", None)
+    if init is None:
+        raise SpliceUnsupportedError(
+            FallbackReason.unsupported_rope, f"no rope init function for {rope_type!r}"
+        )
+    inv_freq, scaling = init(model.config)
+    inv_freq = inv_freq.detach().to(device="cpu", dtype=torch.float32)
+    used = getattr(module, "original_inv_freq", module.inv_freq).detach().float().cpu()
+    if used.shape != inv_freq.shape or not torch.equal(used, inv_freq):
+        raise SpliceUnsupportedError(
+            FallbackReason.unsupported_rope,
+            "the model's rotary frequencies differ from transformers' init for its config",
+        )
+    max_exact = None
+    if rope_type == "longrope":
+        max_exact = int(model.config.rope_parameters["original_max_position_embeddings"])
+    return RopeSpec(rope_type, inv_freq, float(scaling), max_exact)
+
+
+def delta_cos_sin(
+    inv_freq: torch.Tensor, delta: int, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of ``delta·f`` per frequency, angles in fp64, returned in fp32.
+
+    No attention scaling: the cached key already carries it.
+    """
+    angles = inv_freq.to(torch.float64) * float(delta)
+    return angles.cos().float().to(device), angles.sin().float().to(device)
+
+
+def _complex_ok(t: torch.Tensor) -> bool:
+    """Whether pairs of ``t``'s last dim can be viewed as complex numbers in place."""
+    return (
+        t.dtype == torch.float32
+        and t.stride(-1) == 1
+        and t.storage_offset() % 2 == 0
+        and all(st % 2 == 0 for st in t.stride()[:-1])
+    )
+
+
+def _rotate_pairs(
+    dst: torch.Tensor, src: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: Pairing
+) -> None:
+    """dst <- src rotated (fp32 bands of one shape).
+
+    Interleaved pairs are complex numbers in place: one complex multiply, about the speed of
+    a plain copy. Half-split pairs have no such view; three elementwise passes (cos over the
+    whole band, then one cross term per pair member) with no temporaries run at about half
+    the speed of a copy, where the textbook formula with temporaries runs at a third.
+    """
+    half = src.shape[-1] // 2
+    if pairing == "interleaved" and _complex_ok(src) and _complex_ok(dst):
+        turn = torch.complex(cos, sin)
+        as_complex = torch.view_as_complex
+        torch.mul(
+            as_complex(src.unflatten(-1, (half, 2))),
+            turn,
+            out=as_complex(dst.unflatten(-1, (half, 2))),
+        )
+        return
+    if pairing == "half":  # pair (i, i + d/2): view as [..., 2, d/2]
+        s, d = src.unflatten(-1, (2, half)), dst.unflatten(-1, (2, half))
+        x1, x2, y1, y2 = s[..., 0, :], s[..., 1, :], d[..., 0, :], d[..., 1, :]
+        torch.mul(s, cos, out=d)
+    elif pairing == "interleaved":  # pair (2i, 2i + 1): view as [..., d/2, 2]
+        s, d = src.unflatten(-1, (half, 2)), dst.unflatten(-1, (half, 2))
+        x1, x2, y1, y2 = s[..., 0], s[..., 1], d[..., 0], d[..., 1]
+        torch.mul(s, cos.unsqueeze(-1), out=d)
+    else:
+        raise ValueError(f"unknown pairing {pairing!r}")
+    y1.addcmul_(x2, sin, value=-1)  # x1·cos - x2·sin
+    y2.addcmul_(x1, sin)  # x2·cos + x1·sin
+
+
+def rotate_into(
+    dst: torch.Tensor,
+    src: torch.Tensor,
+    delta: int,
+    inv_freq: torch.Tensor,
+    pairing: Pairing,
+    *,
+    offset: int = 0,
+) -> torch.Tensor:
+    """Write ``src`` into ``dst`` (same shape) with dims ``[offset, offset + 2·len(inv_freq))``
+    rotated by ``delta``; every other dim copied bitwise. Returns ``dst``.
+
+    The rotation runs in fp32 (angles in fp64) and is cast to ``dst.dtype``; ``delta == 0``
+    is a plain copy, the identity exactly. ``src`` is never written.
+    """
+    width = 2 * int(inv_freq.numel())
+    if offset < 0 or offset + width > src.shape[-1]:
+        raise ValueError(f"rotary band [{offset}, {offset + width}) outside dim {src.shape[-1]}")
+    if delta == 0:
+        return dst.copy_(src)
+    stop = offset + width
+    if offset > 0:
+        dst[..., :offset].copy_(src[..., :offset])
+    if stop < src.shape[-1]:
+        dst[..., stop:].copy_(src[..., stop:])
+    cos, sin = delta_cos_sin(inv_freq, delta, src.device)
+    band_src, band_dst = src[..., offset:stop], dst[..., offset:stop]
+    # Token chunks of about 1 MiB, so the later passes over a chunk hit the CPU cache
+    # (one chunk when the rotation is a single complex multiply).
+    single_pass = pairing == "interleaved" and _complex_ok(band_src) and _complex_ok(band_dst)
+    per_token = max(1, band_src[..., :1, :].numel() * 4)
+    step = src.shape[-2] if single_pass else max(1, _CHUNK_BYTES // per_token)
+    for a in range(0, src.shape[-2], step):
+        chunk_src, chunk_dst = band_src[..., a : a + step, :], band_dst[..., a : a + step, :]
+        if chunk_src.dtype == torch.float32:
+            _rotate_pairs(chunk_dst, chunk_src, cos, sin, pairing)
+        else:
+            tmp = torch.empty(chunk_src.shape, dtype=torch.float32, device=src.device)
+            _rotate_pairs(tmp, chunk_src.float(), cos, sin, pairing)
+            chunk_dst.copy_(tmp)
+    return dst
+
+
+def delta_rotate(
+    x: torch.Tensor, delta: int, inv_freq: torch.Tensor, pairing: Pairing, *, offset: int = 0
+) -> torch.Tensor:
+    """A new tensor: ``x`` with its band rotated by ``delta`` (see :func:`rotate_into`)."""
+    return rotate_into(torch.empty_like(x), x, delta, inv_freq, pairing, offset=offset)

@@ -1,0 +1,335 @@
+"""SessionCache: one agent's cached sequence, edited with directives instead of re-prefilled.
+
+Operations: prefill / extend (reusing the session's own KV and the shared prefix cache),
+generate, and edit batches through the protocol's algebra (splice = AMORTIZE, forget,
+erratum). Each runs under the session lock, builds a new ``SessionState`` and swaps it in
+at the end: a rejected or failed batch leaves the session bitwise unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from leyline.protocol.algebra import Edit, apply_edits
+from leyline.protocol.directives import Directive, Mode, Verb
+from leyline.protocol.envelope import Path
+from leyline.protocol.errors import ErrorCode, LeylineError
+from leyline.protocol.resolve import resolve_batch
+from leyline.protocol.spans import MessageSpan
+
+from .edit_executor import run_edits
+from .generation import OnToken, decode_loop
+from .kv_blocks import KVCache
+from .message_spans import remap_spans
+from .prefix_cache import LockHandle
+from .reports import GenerationResult, OpReport
+from .sampling import SamplingParams
+from .session_state import SessionState, check_tokens, common_prefix
+from .splice import slice_kv
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+EXECUTED_VERBS = (Verb.splice, Verb.forget, Verb.erratum)
+
+
+class SessionCache:
+    def __init__(self, engine: Engine, session_id: str) -> None:
+        self.engine = engine
+        self.id = session_id
+        self._state = SessionState()
+        self._lock = threading.RLock()
+        self._handle: LockHandle | None = None  # our exact prefix, held in the prefix cache
+
+    # -- read-only views -----------------------------------------------------------------
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self._state.tokens
+
+    @property
+    def revision(self) -> int:
+        return self._state.revision
+
+    @property
+    def spans(self) -> tuple[MessageSpan, ...]:
+        return self._state.spans
+
+    @property
+    def kv(self) -> KVCache:
+        return self._state.kv
+
+    # -- prefill -------------------------------------------------------------------------
+
+    def prefill(self, tokens: Sequence[int], *, spans: Sequence[MessageSpan] = ()) -> OpReport:
+        """Make ``tokens`` the cached sequence, reusing the longest cached prefix."""
+        with self._lock:
+            t0 = time.perf_counter()
+            state = self._state
+            new_tokens = tuple(int(t) for t in tokens)
+            check_tokens(new_tokens, self.engine.vocab_size, self.engine.limits, "tokens")
+            new_state, report = self._prefill_state(state, new_tokens, tuple(spans))
+            self._commit(new_state)
+            return _timed(report, t0)
+
+    def prefill_text(self, text: str) -> OpReport:
+        return self.prefill(self.engine.encode(text))
+
+    def extend(self, tokens: Sequence[int]) -> OpReport:
+        with self._lock:
+            return self.prefill(self._state.tokens + tuple(tokens), spans=self._state.spans)
+
+    def _prefill_state(
+        self, state: SessionState, tokens: tuple[int, ...], spans: tuple[MessageSpan, ...]
+    ) -> tuple[SessionState, OpReport]:
+        n = len(tokens)
+        if n == 0:
+            return SessionState(revision=state.revision + 1, spans=spans), OpReport(
+                Path.reprefill, state.revision + 1, 0, 0
+            )
+        same = tokens == state.tokens and state.logits is not None
+        if same and state.kv_length == n:
+            new = SessionState(
+                tokens,
+                state.kv,
+                state.logits,
+                state.revision,
+                spans or state.spans,
+                state.exact_length,
+            )
+            return new, OpReport(Path.prefix_hit, state.revision, n, 0, first_change=n)
+        # At least the last token is run again: its logits are what generation needs.
+        reuse = min(common_prefix(state.tokens[: state.kv_length], tokens), n - 1)
+        base, exact = slice_kv(state.kv, 0, reuse), min(reuse, state.exact_length)
+        extends = state.tokens == tokens[: len(state.tokens)]
+        cache = self.engine.prefix_cache
+        if cache is not None:
+            hit = cache.match(tokens)
+            usable = min(hit.matched_tokens, n - 1)
+            if hit.kv is not None and usable > reuse:
+                base, reuse, exact, extends = slice_kv(hit.kv, 0, usable), usable, usable, True
+        kv, logits = self.engine.forward(base, tokens[reuse:])
+        revision = state.revision if tokens == state.tokens else state.revision + 1
+        new = SessionState(tokens, kv, logits, revision, spans, n if exact == reuse else exact)
+        path = Path.prefix_hit if extends else Path.reprefill
+        return new, OpReport(path, revision, reuse, n - reuse, first_change=reuse)
+
+    # -- generation ----------------------------------------------------------------------
+
+    def next_token_logits(self) -> torch.Tensor:
+        """fp32 logits for the token after the cached sequence (computed if not known)."""
+        with self._lock:
+            state = self._ensure_logits(self._state)
+            self._commit(state)
+            assert state.logits is not None
+            return state.logits
+
+    def _ensure_logits(self, state: SessionState) -> SessionState:
+        if state.logits is not None and state.kv_length == len(state.tokens):
+            return state
+        if not state.tokens:
+            raise LeylineError(ErrorCode.invalid_directive, "the session holds no tokens yet")
+        # Pending tokens (the last sampled one), or a last token whose KV was kept across a
+        # splice: run it again in the current context to get its logits.
+        start = min(state.kv_length, len(state.tokens) - 1)
+        kv, logits = self.engine.forward(slice_kv(state.kv, 0, start), state.tokens[start:])
+        exact = len(state.tokens) if state.exact_length >= start else state.exact_length
+        return SessionState(state.tokens, kv, logits, state.revision, state.spans, exact)
+
+    def generate(
+        self, params: SamplingParams | None = None, *, on_token: OnToken | None = None
+    ) -> GenerationResult:
+        """Sample after the cached sequence; the generated tokens join the session.
+
+        ``on_token`` is called with every token as it is chosen; returning False stops the
+        generation there (finish reason ``stop``). Decode steps write into one buffer sized
+        for the whole generation, so a step never copies the cache.
+        """
+        params = params or SamplingParams()
+        with self._lock:
+            t0 = time.perf_counter()
+            before = self._state
+            state = self._ensure_logits(before)
+            pending = len(before.tokens) - min(before.kv_length, len(before.tokens))
+            prefill = OpReport(
+                Path.prefix_hit, before.revision, len(before.tokens) - pending, pending
+            )
+            new, out, choices, finish, cut = decode_loop(self.engine, state, params, on_token)
+            self._commit(new)
+            stops = set(params.stop_token_ids or self.engine.loaded.eos_token_ids)
+            shown = out[:-1] if out and out[-1] in stops else out
+            text = self.engine.decode(shown)
+            if cut is not None:
+                text = text[:cut]
+            return GenerationResult(
+                tuple(out),
+                text,
+                finish,
+                new.revision,
+                prefill,
+                time.perf_counter() - t0,
+                tuple(choices),
+            )
+
+    # -- edits -----------------------------------------------------------------------------
+
+    def apply_directives(
+        self,
+        directives: Sequence[Directive],
+        *,
+        base_revision: int | None = None,
+        allow_fallback: bool = True,
+        want_logits: bool = False,
+    ) -> OpReport:
+        """Resolve a protocol batch (anchors, text) and apply it; see :meth:`apply_edits`."""
+        with self._lock:
+            self._check_revision(base_revision)
+            batch = resolve_batch(
+                directives,
+                length=len(self._state.tokens),
+                tokenize=self.engine.encode,
+                spans=self._state.spans,
+                limits=self.engine.limits,
+                supported=EXECUTED_VERBS,
+            )
+            return self.apply_edits(
+                batch.edits,
+                base_revision=base_revision,
+                allow_fallback=allow_fallback,
+                want_logits=want_logits,
+            )
+
+    def apply_edits(
+        self,
+        edits: Sequence[Edit],
+        *,
+        base_revision: int | None = None,
+        allow_fallback: bool = True,
+        want_logits: bool = False,
+    ) -> OpReport:
+        """Apply resolved edits all-or-nothing; returns what ran (splice / reprefill).
+
+        ``want_logits``: also compute the next-token logits now (one decode step inside the
+        splice's own buffer) rather than on first use, which would copy the new KV once.
+
+        Raises:
+            LeylineError: a rule broken (revision, limits, spans); nothing changed.
+            SpliceUnsupportedError: the splice cannot run exactly and ``allow_fallback`` is
+                false; nothing changed.
+        """
+        with self._lock:
+            t0 = time.perf_counter()
+            self._check_revision(base_revision)
+            state = self._state
+            # Mode(...) also accepts plain strings; the algebra compares modes by identity.
+            edits = [
+                Edit(e.start, e.end, tuple(e.replacement), Mode(e.mode), e.index) for e in edits
+            ]
+            self._check_limits(edits)
+            result = apply_edits(state.tokens, edits)
+            check_tokens(result.tokens, self.engine.vocab_size, self.engine.limits, "directives")
+            if result.is_identity:
+                n = len(state.tokens)
+                return _timed(OpReport(Path.splice, state.revision, n, 0, first_change=n), t0)
+            forgets = [e.start for e in edits if e.mode is Mode.forget]
+            new, report = run_edits(
+                self.engine,
+                self._complete(state),
+                result,
+                forget=bool(forgets),
+                allow_fallback=allow_fallback,
+                want_logits=want_logits,
+            )
+            spans = remap_spans(state.spans, edits)
+            new = SessionState(
+                new.tokens, new.kv, new.logits, state.revision + 1, spans, new.exact_length
+            )
+            self._commit(new, purge_from=min(forgets) if forgets else None, old=state.tokens)
+            return _timed(report, t0)
+
+    def _check_revision(self, base_revision: int | None) -> None:
+        if base_revision is not None and base_revision != self._state.revision:
+            raise LeylineError(
+                ErrorCode.revision_conflict,
+                f"batch addressed revision {base_revision}; the session is at "
+                f"{self._state.revision}: re-read its tokens and spans",
+                "base_revision",
+            )
+
+    def _check_limits(self, edits: Sequence[Edit]) -> None:
+        limits = self.engine.limits
+        if limits.max_directives is not None and len(edits) > limits.max_directives:
+            raise LeylineError(
+                ErrorCode.too_many_directives,
+                f"{len(edits)} edits; at most {limits.max_directives}",
+                "directives",
+            )
+        cap = limits.max_replacement_tokens
+        for e in edits:
+            if cap is not None and len(e.replacement) > cap:
+                raise LeylineError(
+                    ErrorCode.replacement_too_long,
+                    f"replacement of {len(e.replacement)} tokens; at most {cap}",
+                    f"directives[{e.index}].replacement",
+                )
+
+    def _complete(self, state: SessionState) -> SessionState:
+        """``state`` with KV for every token (pending ones prefilled); not committed."""
+        if state.kv_length == len(state.tokens):
+            return state
+        kv, logits = self.engine.forward(state.kv, state.tokens[state.kv_length :])
+        exact = len(state.tokens) if state.exact_length >= state.kv_length else state.exact_length
+        return SessionState(state.tokens, kv, logits, state.revision, state.spans, exact)
+
+    # -- commit and the shared prefix cache ----------------------------------------------------
+
+    def _commit(
+        self, new: SessionState, *, purge_from: int | None = None, old: tuple[int, ...] = ()
+    ) -> None:
+        self._state = new
+        cache = self.engine.prefix_cache
+        if cache is None:
+            return
+        if purge_from is not None and purge_from < len(old):
+            # FORGET: drop every shared block derived from the forgotten span that no other
+            # session holds; our own hold is released first so it cannot keep any.
+            cache.purge(old, purge_from, release=self._handle)
+            self._handle = None
+        # Publish only the exact prefix, hold it for as long as it is ours, then let go of
+        # the previous hold (after, so shared blocks are never unreferenced in between).
+        previous, self._handle = self._handle, None
+        exact = min(new.exact_length, new.kv_length)
+        if exact >= cache.block_size:
+            held = cache.insert(new.tokens[:exact], slice_kv(new.kv, 0, exact), lock=True)
+            self._handle = held.handle
+        if previous is not None:
+            cache.unlock(previous)
+
+    def fork(self, session_id: str | None = None) -> SessionCache:
+        """A new session starting from this one's state (tensors are shared, never written:
+        the two then evolve independently). For branching agents and for benchmarks."""
+        with self._lock:
+            other = self.engine.create_session(session_id)
+            other._commit(self._state)
+            return other
+
+    def release(self) -> None:
+        """Let go of the session's hold on shared prefix blocks (on close)."""
+        with self._lock:
+            if self._handle is not None and self.engine.prefix_cache is not None:
+                self.engine.prefix_cache.unlock(self._handle)
+            self._handle = None
+
+
+def _timed(report: OpReport, t0: float) -> OpReport:
+    return replace(report, seconds=time.perf_counter() - t0)

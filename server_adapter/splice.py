@@ -1,0 +1,125 @@
+"""Execute an ``EditResult`` on a KV cache: the runs of the edit algebra, in order.
+
+The new KV is one buffer per layer and slot, sized for the new sequence and filled run by
+run, left to right:
+
+- ``kept``: the run's old entries copied in, the rope band rotated by the run's delta on
+  the way (straight into its destination); values and MLA latents copied bitwise.
+- ``inserted`` / ``recompute``: prefilled in place, attending to everything already in the
+  buffer, i.e. everything before them in the NEW sequence.
+
+Every byte of the new KV is written once. Positions are never derived here: the runs say
+where everything goes. The old KV is only read, so a failure midway changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from leyline.protocol.algebra import EditResult, Run
+
+from .forward import KVBuffers, filled, kv_length, new_buffers
+from .kv_blocks import KVCache
+from .layouts import CacheLayout
+from .rope import RopeSpec, rotate_into
+
+ForwardInto = Callable[[KVBuffers, int, Sequence[int]], torch.Tensor]
+"""Prefill tokens after the first ``length`` buffered positions, in place; return the
+next-token logits (``Engine.forward_into``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpliceOutcome:
+    kv: KVCache
+    logits: torch.Tensor | None
+    """Next-token logits after the new sequence, when its last run was prefilled."""
+    exact_length: int
+    """Length of the new sequence's prefix whose KV equals a fresh prefill's (up to
+    rounding): everything before the first run that was kept across a change."""
+
+
+def slice_kv(kv: KVCache, start: int, end: int) -> KVCache:
+    """Views of positions ``[start, end)`` (no copy)."""
+    return tuple(tuple(t[..., start:end, :] for t in layer) for layer in kv)
+
+
+def _place(
+    buffers: KVBuffers,
+    kv: KVCache,
+    run: Run,
+    layout: CacheLayout | None,
+    rope: RopeSpec | None,
+) -> None:
+    """Write a kept run's old entries at its new positions, rotating its keys by delta."""
+    assert run.old_start is not None
+    if run.delta and (layout is None or rope is None):
+        raise ValueError("a kept run moves but the model has no rotatable layout")
+    for old_layer, new_layer in zip(kv, buffers, strict=True):
+        for slot, (src, dst) in enumerate(zip(old_layer, new_layer, strict=True)):
+            src = src[..., run.old_start : run.old_start + len(run), :]
+            dst = dst[..., run.new_start : run.new_end, :]
+            if run.delta and layout is not None and rope is not None and slot == layout.slot:
+                rotate_into(
+                    dst, src, run.delta, rope.inv_freq, layout.pairing, offset=layout.offset
+                )
+            else:
+                dst.copy_(src)
+
+
+def _exact_length(runs: Sequence[Run], first_change: int, old_exact: int) -> int:
+    """Walk the runs while the new KV still equals a fresh prefill's."""
+    exact = 0
+    for run in runs:
+        if run.kind != "kept":
+            exact = run.new_end  # prefilled against an exact prefix: exact
+            continue
+        assert run.old_start is not None
+        if run.new_start >= first_change:
+            break  # kept across a change: it attended to the old context (AMORTIZE)
+        if run.old_start + len(run) > old_exact:
+            return run.new_start + max(0, old_exact - run.old_start)
+        exact = run.new_end
+    return exact
+
+
+def execute_edit(
+    forward_into: ForwardInto,
+    layout: CacheLayout | None,
+    rope: RopeSpec | None,
+    kv: KVCache,
+    result: EditResult,
+    *,
+    old_exact_length: int,
+    want_logits: bool = False,
+) -> SpliceOutcome:
+    """Build the KV of ``result.tokens`` from ``kv`` (the KV of the base sequence).
+
+    ``layout``/``rope`` may be None only if no kept run moves (pure FORGET, erratum, or a
+    same-length replacement); a moving kept run then raises ``ValueError``.
+
+    ``want_logits``: when the new sequence ends in a kept run, run its last token again in
+    the new context (in the new buffer, no copy) so that next-token logits come back too.
+    """
+    if kv_length(kv) != result.position_map.old_length:
+        raise ValueError(
+            f"KV holds {kv_length(kv)} positions, the edit's base has "
+            f"{result.position_map.old_length}"
+        )
+    total = len(result.tokens)
+    buffers = new_buffers(kv, total)
+    logits: torch.Tensor | None = None
+    for run in result.runs:
+        if run.kind == "kept":
+            _place(buffers, kv, run, layout, rope)
+            logits = None
+        else:
+            tokens = result.tokens[run.new_start : run.new_end]
+            logits = forward_into(buffers, run.new_start, tokens)
+    exact = _exact_length(result.runs, result.first_change, old_exact_length)
+    if want_logits and logits is None and total > 0:
+        logits = forward_into(buffers, total - 1, result.tokens[-1:])
+        exact = total if exact >= total - 1 else exact
+    return SpliceOutcome(filled(buffers, total), logits, exact)

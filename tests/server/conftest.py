@@ -1,0 +1,91 @@
+"""A real `leyline serve` (SmolLM2, CPU) on a loopback port, started once for these tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+API_KEY = "test-key"
+MAX_DIRECTIVES = 8
+MAX_BODY = 200_000
+
+
+@dataclass(frozen=True)
+class Server:
+    base_url: str
+    process: subprocess.Popen[bytes]
+
+    def client(self, **kwargs: object) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.base_url,
+            timeout=120,
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            **kwargs,
+        )  # type: ignore[arg-type]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    port = _free_port()
+    log = tmp_path_factory.mktemp("server") / "serve.log"
+    command = [
+        sys.executable,
+        "-m",
+        "leyline.cli.main",
+        "serve",
+        "--port",
+        str(port),
+        "--api-key",
+        API_KEY,
+        "--max-new-tokens",
+        "8",
+        "--max-directives",
+        str(MAX_DIRECTIVES),
+        "--max-body-bytes",
+        str(MAX_BODY),
+        "--max-sessions",
+        "48",
+        "--log-level",
+        "warning",
+    ]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            command,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"leyline serve exited early:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"leyline serve did not come up:\n{log.read_text()}")
+        time.sleep(0.5)
+    yield Server(base, process)
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()

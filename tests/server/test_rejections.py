@@ -1,0 +1,157 @@
+"""Every rejected request gets a typed 4xx and leaves the session exactly as it was."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import MAX_BODY, MAX_DIRECTIVES, Server
+
+pytestmark = [pytest.mark.slow, pytest.mark.model]
+
+SESSION = "rejections"
+
+
+@pytest.fixture(scope="module")
+def session(server: Server) -> dict[str, Any]:
+    with server.client() as http:
+        created = http.post(
+            "/leyline/v1/sessions",
+            json={
+                "session": SESSION,
+                "messages": [{"role": "user", "content": "Count from one to twenty in words."}],
+            },
+        )
+        assert created.status_code == 201, created.text
+        return http.get(f"/leyline/v1/sessions/{SESSION}", params={"tokens": "true"}).json()
+
+
+def splice(start: int, end: int, replacement: Any = "x") -> dict[str, Any]:
+    return {"verb": "splice", "span": {"start": start, "end": end}, "replacement": replacement}
+
+
+def apply_body(revision: int, directives: list[Any]) -> dict[str, Any]:
+    return {"base_revision": revision, "directives": directives}
+
+
+CASES: list[tuple[str, Any, int, str]] = [
+    ("stale revision", lambda r, n: apply_body(r + 7, [splice(1, 2)]), 409, "revision_conflict"),
+    ("reversed span", lambda r, n: apply_body(r, [splice(5, 2)]), 422, "invalid_span"),
+    ("span past the end", lambda r, n: apply_body(r, [splice(2, n + 1)]), 422, "invalid_span"),
+    (
+        "overlap",
+        lambda r, n: apply_body(r, [splice(1, 5), splice(4, 6)]),
+        422,
+        "overlapping_directives",
+    ),
+    (
+        "unknown verb",
+        lambda r, n: apply_body(r, [{"verb": "rewind", "span": {"start": 0, "end": 1}}]),
+        422,
+        "invalid_directive",
+    ),
+    (
+        "extra field",
+        lambda r, n: apply_body(r, [splice(1, 2) | {"mode": "forget"}]),
+        422,
+        "invalid_directive",
+    ),
+    (
+        "unsupported verb",
+        lambda r, n: apply_body(r, [{"verb": "pin", "span": {"start": 0, "end": 1}}]),
+        501,
+        "unsupported_verb",
+    ),
+    (
+        "too many directives",
+        lambda r, n: apply_body(r, [splice(i, i + 1) for i in range(MAX_DIRECTIVES + 1)]),
+        413,
+        "too_many_directives",
+    ),
+    (
+        "token out of vocabulary",
+        lambda r, n: apply_body(r, [splice(1, 2, [10**9])]),
+        422,
+        "invalid_directive",
+    ),
+    ("empty batch", lambda r, n: apply_body(r, []), 422, "empty_batch"),
+    (
+        "bad anchor",
+        lambda r, n: apply_body(r, [{"verb": "splice", "span": {"message": 9}}]),
+        422,
+        "unresolved_anchor",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "status", "code"), CASES, ids=[c[0] for c in CASES])
+def test_bad_batches_are_typed_and_change_nothing(
+    server: Server, session: dict[str, Any], name: str, make: Any, status: int, code: str
+) -> None:
+    with server.client() as http:
+        body = make(session["revision"], session["num_tokens"])
+        reply = http.post(f"/leyline/v1/sessions/{SESSION}/directives", json=body)
+        assert reply.status_code == status, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == code and error["message"], error
+        after = http.get(f"/leyline/v1/sessions/{SESSION}", params={"tokens": "true"}).json()
+    assert after == session
+
+
+def test_bad_chat_requests_are_typed_and_change_nothing(
+    server: Server, session: dict[str, Any]
+) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    rev = session["revision"]
+    cases = [
+        (
+            {
+                "messages": messages,
+                "leyline": {
+                    "session": SESSION,
+                    "base_revision": rev,
+                    "directives": [splice(0, 1)] * 2,
+                },
+            },
+            422,
+        ),
+        (
+            {"messages": messages, "leyline": {"session": SESSION, "directives": [splice(0, 1)]}},
+            422,
+        ),
+        ({"messages": messages, "leyline": {"session": SESSION, "revison": 1}}, 422),
+        ({"messages": [], "leyline": {"session": SESSION}}, 422),
+        ({"messages": messages, "temperature": 9, "leyline": {"session": SESSION}}, 422),
+        (
+            {
+                "messages": messages,
+                "leyline": {
+                    "session": "nobody",
+                    "base_revision": rev,
+                    "directives": [splice(0, 1)],
+                },
+            },
+            404,
+        ),
+    ]
+    with server.client() as http:
+        for body, status in cases:
+            reply = http.post("/v1/chat/completions", json={"model": "m", **body})
+            assert reply.status_code == status, (body, reply.text)
+            assert reply.json()["error"]["type"] == "leyline_error"
+        after = http.get(f"/leyline/v1/sessions/{SESSION}", params={"tokens": "true"}).json()
+    assert after == session
+
+
+def test_oversize_body_unknown_session_and_missing_key(server: Server) -> None:
+    with server.client() as http:
+        big = http.post("/v1/completions", json={"prompt": "x" * (MAX_BODY + 10)})
+        assert big.status_code == 413 and big.json()["error"]["code"] == "limit_exceeded"
+        gone = http.get("/leyline/v1/sessions/never-made")
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "unknown_session"
+    anonymous = httpx.get(f"{server.base_url}/leyline/v1/capabilities")
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"]["code"] == "unauthorized"
+    assert httpx.get(f"{server.base_url}/health").status_code == 200

@@ -1,0 +1,85 @@
+"""The engine with the shared prefix cache: reuse, exact-only publication, FORGET purge, locks."""
+
+from __future__ import annotations
+
+from leyline.protocol.algebra import Edit
+from leyline.protocol.directives import Mode
+from leyline.protocol.envelope import Path
+from leyline.server_adapter.engine import Engine
+from leyline.server_adapter.prefix_cache import PrefixCache
+
+from ._helpers import random_tokens, rel_err, tiny_llama
+
+BS = 4
+
+
+def _engine(budget: int = 10**8) -> Engine:
+    return Engine(tiny_llama(), prefix_cache=PrefixCache(budget, block_size=BS))
+
+
+def _close_to_fresh(engine: Engine, session) -> None:
+    fresh_kv, fresh_logits = engine.forward((), session.tokens)
+    assert rel_err(session.next_token_logits(), fresh_logits) <= 1e-5
+    for got, want in zip(session.kv, fresh_kv, strict=True):
+        assert rel_err(got[0], want[0]) <= 1e-5 and rel_err(got[1], want[1]) <= 1e-5
+
+
+def test_a_new_session_reuses_a_shared_prefix() -> None:
+    engine = _engine()
+    t = random_tokens(40, engine.vocab_size, seed=1)
+    engine.create_session().prefill(t)
+    b = engine.create_session()
+    report = b.prefill(t[:30] + random_tokens(10, engine.vocab_size, seed=2))
+    assert report.path is Path.prefix_hit and report.reused_tokens == 28
+    assert report.prefilled_tokens == 12
+    _close_to_fresh(engine, b)
+
+
+def test_only_the_exact_prefix_of_an_amortized_splice_is_shared() -> None:
+    engine = _engine()
+    a = engine.create_session()
+    a.prefill(random_tokens(40, engine.vocab_size, seed=3))
+    a.apply_edits([Edit(10, 20, (5, 6), Mode.amortize)])  # exact: [0, 12); the rest amortized
+    c = engine.create_session()
+    report = c.prefill(a.tokens)
+    assert report.reused_tokens == 12  # not the amortized downstream
+    _close_to_fresh(engine, c)
+
+
+def test_forget_purges_shared_blocks_no_other_session_holds() -> None:
+    engine = _engine()
+    cache = engine.prefix_cache
+    assert cache is not None
+    t = random_tokens(40, engine.vocab_size, seed=4)
+    a, b = engine.create_session(), engine.create_session()
+    a.prefill(t)
+    other = t[:26] + random_tokens(8, engine.vocab_size, seed=5)
+    b.prefill(other)  # shares t[:26] with a: blocks up to 24 are b's too
+    a.apply_edits([Edit(25, 30, (), Mode.forget)])
+    assert cache.match(t).matched_tokens == 24  # a's old blocks from 24 on are gone
+    assert cache.match(other).matched_tokens == 32  # b still holds its own
+    assert cache.match(a.tokens).matched_tokens == 32  # a's new sequence is shared
+    assert cache.stats().purged_blocks >= 4
+
+
+def test_held_blocks_are_not_evicted_until_released() -> None:
+    engine = _engine()
+    cache = engine.prefix_cache
+    assert cache is not None
+    a = engine.create_session("a")
+    a.prefill(random_tokens(40, engine.vocab_size, seed=6))
+    cache.evict(10**12)
+    assert cache.match(a.tokens).matched_tokens == 40
+    engine.close_session("a")
+    cache.evict(10**12)
+    assert cache.match(a.tokens).matched_tokens == 0
+
+
+def test_the_budget_bounds_what_is_shared() -> None:
+    block_bytes = 2 * 2 * (1 * 2 * BS * 32) * 4  # layers x (k, v) x [1, heads, BS, dim] fp32
+    engine = _engine(budget=5 * block_bytes)
+    s = engine.create_session()
+    s.prefill(random_tokens(40, engine.vocab_size, seed=7))
+    stats = engine.prefix_cache.stats()  # type: ignore[union-attr]
+    assert stats.bytes_used <= 5 * block_bytes and stats.blocks == 5
+    _close_to_fresh(engine, s)
