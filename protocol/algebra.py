@@ -188,7 +188,7 @@ def apply_edits(base: Sequence[int], edits: Sequence[Edit]) -> EditResult:
         if edit.start == edit.end and not edit.replacement:
             continue  # the replacement equalled the span: nothing left to do
         keep(cursor, edit.start)
-        forgetting = forgetting or edit.mode is Mode.forget
+        forgetting = forgetting or edit.mode == Mode.forget  # plain "forget" strings too
         if edit.replacement:
             runs.append(Run("inserted", len(tokens), len(tokens) + len(edit.replacement)))
             tokens.extend(edit.replacement)

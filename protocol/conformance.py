@@ -113,7 +113,7 @@ class ConformanceSuite:
         body = reply.json()
         total = body["reused_tokens"] + body["prefilled_tokens"]
         _expect(total == len(expected.tokens), f"reused + prefilled = {total}, not the length")
-        if any(e.mode is Mode.forget for e in edits):
+        if any(e.mode == Mode.forget for e in edits):
             _expect(body["path"] == "reprefill", f"forget answered path {body['path']}")
 
     def _rejected(self, info: SessionInfo, body: dict[str, Any], code: ErrorCode) -> None:

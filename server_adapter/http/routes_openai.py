@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -31,8 +32,10 @@ from .openai_types import (
     Usage,
     new_id,
 )
-from .service import LeylineService, Reply
+from .service import LeylineService, OnToken, Reply
 from .streaming import DONE, DeltaText, sse
+
+R = TypeVar("R")
 
 
 def openai_router(service: LeylineService) -> APIRouter:
@@ -47,39 +50,58 @@ def openai_router(service: LeylineService) -> APIRouter:
         body: ChatCompletionRequest, request: Request
     ) -> ChatCompletion | StreamingResponse:
         """Chat; a ``leyline`` object in the body carries the session and directives."""
-        t0 = time.perf_counter()
-        job = TokenJob(service, lambda on_token: service.chat(body, on_token))
-        try:
-            if body.stream:
-                first = await job.first_token()
-                return StreamingResponse(
-                    _chat_events(service, body, job, first), media_type="text/event-stream"
-                )
-            reply = await job.result_or_cancel(request)
-        finally:
-            service.metrics.latency.labels("chat").observe(time.perf_counter() - t0)
-        return _chat_completion(service, body, reply)
+        return await _respond(
+            service,
+            "chat",
+            request,
+            body.stream,
+            lambda on_token: service.chat(body, on_token),
+            lambda job, first: _chat_events(service, body, job, first),
+            lambda reply: _chat_completion(service, body, reply),
+        )
 
     @router.post("/v1/completions", response_model=None)
     async def completions(
         body: CompletionRequest, request: Request
     ) -> Completion | StreamingResponse:
         """Text completion from a string or token ids; same ``leyline`` extension."""
-        t0 = time.perf_counter()
-        job = TokenJob(service, lambda on_token: service.complete(body, on_token))
-        try:
-            if body.stream:
-                first = await job.first_token()
-                return StreamingResponse(
-                    _completion_events(service, body, job, first),
-                    media_type="text/event-stream",
-                )
-            reply = await job.result_or_cancel(request)
-        finally:
-            service.metrics.latency.labels("completions").observe(time.perf_counter() - t0)
-        return _completion(service, body, reply)
+        return await _respond(
+            service,
+            "completions",
+            request,
+            body.stream,
+            lambda on_token: service.complete(body, on_token),
+            lambda job, first: _completion_events(service, body, job, first),
+            lambda reply: _completion(service, body, reply),
+        )
 
     return router
+
+
+async def _respond(
+    service: LeylineService,
+    route: str,
+    request: Request,
+    stream: bool,
+    work: Callable[[OnToken], Reply],
+    events: Callable[[TokenJob[Reply], int | None], AsyncIterator[str]],
+    answer: Callable[[Reply], R],
+) -> R | StreamingResponse:
+    """Queue ``work`` on the model worker; stream its tokens as SSE or answer when done.
+
+    A stream starts only after the first token, so an error before it (a bad directive, a
+    revision conflict) is still a plain typed HTTP error.
+    """
+    t0 = time.perf_counter()
+    job = TokenJob(service, work)
+    try:
+        if stream:
+            first = await job.first_token()
+            return StreamingResponse(events(job, first), media_type="text/event-stream")
+        reply = await job.result_or_cancel(request)
+    finally:
+        service.metrics.latency.labels(route).observe(time.perf_counter() - t0)
+    return answer(reply)
 
 
 def _usage(reply: Reply) -> Usage:

@@ -108,3 +108,8 @@ def test_position_map_rejects_positions_outside_the_base() -> None:
     result = apply_edits(BASE, [Edit(1, 2)])
     with pytest.raises(IndexError):
         result.position_map.new_position(20)
+
+
+def test_a_mode_given_as_a_plain_string_is_honoured() -> None:
+    result = apply_edits(BASE, [Edit(3, 4, (), "forget")])  # type: ignore[arg-type]
+    assert [r.kind for r in result.runs] == ["kept", "recompute"]
