@@ -160,6 +160,15 @@ class LeylineService:
     ) -> Reply:
         t0 = time.perf_counter()
         leyline = leyline or LeylineRequest()
+        if leyline.options.infer_splices:
+            # Refused rather than ignored: inference happens client-side (leyline.policies'
+            # diff mode), where the agent decides that AMORTIZE semantics are acceptable.
+            raise LeylineError(
+                ErrorCode.invalid_directive,
+                "this server does not infer splices from message diffs; send directives "
+                "(leyline.policies infers them client-side) or leave infer_splices false",
+                "leyline.options.infer_splices",
+            )
         if leyline.directives and leyline.session is None:
             raise LeylineError(
                 ErrorCode.unknown_session,

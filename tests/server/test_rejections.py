@@ -122,6 +122,13 @@ def test_bad_chat_requests_are_typed_and_change_nothing(
             422,
         ),
         ({"messages": messages, "leyline": {"session": SESSION, "revison": 1}}, 422),
+        (
+            {
+                "messages": messages,
+                "leyline": {"session": SESSION, "options": {"infer_splices": True}},
+            },
+            422,
+        ),
         ({"messages": [], "leyline": {"session": SESSION}}, 422),
         ({"messages": messages, "temperature": 9, "leyline": {"session": SESSION}}, 422),
         (
