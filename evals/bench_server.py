@@ -47,7 +47,7 @@ import openai
 from openai.types.chat import ChatCompletion
 from tqdm import tqdm
 
-from leyline.evals.demo.script import SCRIPT, opening
+from leyline.evals.demo.script import SCRIPT, opening, tool_turn
 from leyline.evals.demo.tools import TOOL_SPECS, ProjectTools, sample_project
 from leyline.policies import LeylineOpenAI, TruncateOldToolOutputs
 from leyline.protocol.resources import Routes
@@ -199,13 +199,7 @@ class Client:
         return out
 
     def _add_tool_turn(self, turn: int) -> None:
-        step = SCRIPT[turn - 1]
-        call_id = f"call_{turn}"
-        output = self.tools.run(step.tool, json.dumps(step.arguments))
-        self.messages += [
-            step.message(call_id),
-            {"role": "tool", "tool_call_id": call_id, "content": output},
-        ]
+        self.messages += tool_turn(self.tools.run, turn)
 
     def _ask(self, level: int, index: int, turn: int, arm: str) -> Sample:
         client = self.arms[arm]
@@ -419,17 +413,8 @@ def _splice_pair(
 
 
 def _tool_turns(turns: int) -> list[dict[str, Any]]:
-    tools, out = ProjectTools(sample_project()), []
-    for turn, step in enumerate(SCRIPT[:turns], start=1):
-        out += [
-            step.message(f"call_{turn}"),
-            {
-                "role": "tool",
-                "tool_call_id": f"call_{turn}",
-                "content": tools.run(step.tool, json.dumps(step.arguments)),
-            },
-        ]
-    return out
+    tools = ProjectTools(sample_project())
+    return [m for turn in range(1, turns + 1) for m in tool_turn(tools.run, turn)]
 
 
 # -- the server ------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ arms; its reply is scored and then replaced by the next scripted call.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,7 @@ from leyline.policies import (
 )
 
 from .agreement import TopLogprobs, approx_kl, first_token_top, top1_agrees
-from .script import SCRIPT, opening
+from .script import SCRIPT, opening, tool_turn
 from .tools import TOOL_SPECS, ProjectTools
 
 ARMS = ("splice", "reprefill")
@@ -122,19 +121,14 @@ class TwoArmEpisode:
 
     def _turn(self, turn: int) -> TurnResult:
         step = SCRIPT[turn - 1]
-        call_id = f"call_{turn}"
-        output = self.tools.run(step.tool, json.dumps(step.arguments))
-        self.messages += [
-            step.message(call_id),
-            {"role": "tool", "tool_call_id": call_id, "content": output},
-        ]
+        self.messages += tool_turn(self.tools.run, turn)
         order = ARMS if turn % 2 else ARMS[::-1]  # alternate who goes first
         done = {name: self._ask(name) for name in order}
         reference, spliced = done["reprefill"].top, done["splice"].top
         return TurnResult(
             turn=turn,
             call=step.label(),
-            output_chars=len(output),
+            output_chars=len(str(self.messages[-1]["content"])),
             edits=self._edits("splice"),
             arms={name: done[name] for name in ARMS},
             top1_agree=top1_agrees(reference, spliced),

@@ -9,6 +9,7 @@ the server edits its cache.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,3 +69,13 @@ SCRIPT: tuple[ToolStep, ...] = (
 
 def opening() -> list[dict[str, Any]]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+
+
+def tool_turn(run_tool: Callable[[str, str], str], turn: int) -> list[dict[str, Any]]:
+    """Turn ``turn`` (1-based) of the script: the assistant's call and the tool's real output.
+
+    ``run_tool(name, arguments_json)`` runs the tool, e.g. ``ProjectTools.run``.
+    """
+    step, call_id = SCRIPT[turn - 1], f"call_{turn}"
+    output = run_tool(step.tool, json.dumps(step.arguments))
+    return [step.message(call_id), {"role": "tool", "tool_call_id": call_id, "content": output}]
