@@ -7,7 +7,13 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from . import conformance_command, demo_command, schema_command, serve_command
+from . import (
+    conformance_command,
+    demo_command,
+    eval_command,
+    schema_command,
+    serve_command,
+)
 
 
 def _package_version() -> str:
@@ -28,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_command.register(commands)
     schema_command.register(commands)
     conformance_command.register(commands)
+    eval_command.register(commands)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""leyline eval erratum (being built)."""

@@ -1,0 +1,1 @@
+"""leyline eval fidelity (being built)."""

@@ -1,0 +1,1 @@
+"""leyline eval mechanism (being built)."""

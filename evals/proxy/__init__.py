@@ -1,0 +1,1 @@
+"""leyline eval proxy (being built)."""

@@ -1,0 +1,1 @@
+"""SGLang plugin (being built)."""
