@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,6 @@ def environment() -> dict[str, Any]:
     versions: dict[str, str] = {}
     for name in ("torch", "transformers", "leyline"):
         try:
-            from importlib.metadata import PackageNotFoundError, version
-
             versions[name] = version(name)
         except PackageNotFoundError:  # not installed: not reported
             continue
