@@ -26,13 +26,20 @@ from .config import (
 )
 from .sandbox import isolate
 
+DESCRIPTION = (
+    "debug-gym mini_nightmare with and without a context policy: solve rate "
+    "(Wilson 95% CI), steps and tokens per episode, per arm and per task."
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m leyline.evals.debug_gym",
-        description="debug-gym mini_nightmare with and without a context policy: solve rate "
-        "(Wilson 95% CI), steps and tokens per episode, per arm and per task.",
-    )
+    p = argparse.ArgumentParser(prog="python -m leyline.evals.debug_gym", description=DESCRIPTION)
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The harness's options (also offered by ``leyline eval debug-gym``, which passes them on)."""
     a = p.add_argument
     a(
         "--base-url",
@@ -99,7 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="no server, no model: a SCRIPTED stand-in drives the agent (harness self-check)",
     )
     a("--no-progress", action="store_true", help="no progress bar")
-    return p
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

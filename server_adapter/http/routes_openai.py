@@ -189,7 +189,16 @@ async def _chat_events(
             model=model,
             usage=usage,
             leyline=reply.leyline,
-            choices=[ChunkChoice(delta=ChunkDelta(), finish_reason=_finish(reply))],  # type: ignore[arg-type]
+            choices=[
+                ChunkChoice(
+                    delta=ChunkDelta(),
+                    finish_reason=_finish(reply),  # type: ignore[arg-type]
+                    # Every token's logprobs at once: text deltas may merge or hold tokens.
+                    logprobs=_chat_logprobs(service, reply.generation.logprobs)
+                    if body.logprobs
+                    else None,
+                )
+            ],
         )
         yield sse(final)
         yield DONE

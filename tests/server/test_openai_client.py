@@ -48,6 +48,31 @@ def test_plain_and_streaming_chat_agree(server: Server) -> None:
     assert final.usage is not None and final.usage.completion_tokens >= 1
 
 
+def test_streamed_chat_carries_the_same_logprobs(server: Server) -> None:
+    openai = client(server)
+    request = dict(
+        model="smollm2",
+        messages=QUESTION,
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    plain = openai.chat.completions.create(**request)  # type: ignore[call-overload]
+    chunks = list(openai.chat.completions.create(stream=True, **request))  # type: ignore[call-overload]
+    streamed = [
+        t
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content
+    ]
+    expected = plain.choices[0].logprobs.content
+    assert [t.token for t in streamed] == [t.token for t in expected] and len(expected) == 4
+    for got, want in zip(streamed, expected, strict=True):
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-4)
+        assert [t.token for t in got.top_logprobs] == [t.token for t in want.top_logprobs]
+
+
 def test_models_and_text_completions(server: Server) -> None:
     openai = client(server)
     assert [m.id for m in openai.models.list()] == ["SmolLM2-135M-Instruct"]

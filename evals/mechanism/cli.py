@@ -1,0 +1,102 @@
+"""``leyline eval mechanism``: arguments and entry point (nothing heavy imported here)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = "replayed agent trajectories: splice vs prefix-cache re-prefill at concurrency 1-16"
+
+DESCRIPTION = """\
+The paper's mechanism benchmark on a Leyline server. Clients replay multi-turn tool-using
+trajectories under TruncateOldToolOutputs (the paper's "drop tool outputs older than n
+turns"); every turn is sent in two arms: the policy's edits as Leyline splices, and the same
+edited messages as plain requests, which the server re-prefills from the first changed token
+(its warm prefix reused). Reports per concurrency level: replay cache-hit rate (reused /
+prompt tokens), end-to-end latency and TTFT p50/p90, and first-token argmax agreement of the
+splice arm with the warm-prefix path; plus HTTP overhead on the embedded server.
+
+Trajectories: synthetic (seeded pytest logs, tracebacks, file views, grep hits), debug-gym
+(recorded mini_nightmare episodes, bundled; or a results folder of `leyline eval debug-gym`
+given as a path) and demo (the demo's scripted calls on its sample project, real tools).
+Embedded server: SmolLM2-135M on CPU, one model worker, so concurrency measures queueing.
+"""
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated integers: {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError("concurrency levels must be >= 1")
+    return levels
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--levels", type=_levels, help="concurrency levels, comma-separated (default 1,4,8,16)"
+    )
+    parser.add_argument("--turns", type=int, help="tool turns replayed per client (default 6)")
+    parser.add_argument(
+        "--trajectories",
+        default="synthetic,debug-gym,demo",
+        help="sources, comma-separated: synthetic, debug-gym, demo, or a debug-gym results "
+        "folder (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--synthetic", type=int, default=8, help="synthetic trajectories (default %(default)s)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic ones")
+    parser.add_argument(
+        "--keep-last", type=int, default=2, help="TruncateOldToolOutputs keep_last (default 2)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=4, help="tokens generated per request (default 4)"
+    )
+    parser.add_argument("--overhead-reps", type=int, help="reps per overhead pair (default 15)")
+    parser.add_argument("--base-url", help="an OpenAI-compatible server to use instead")
+    parser.add_argument("--api-key", help="API key for --base-url")
+    parser.add_argument(
+        "--model", default="smollm2", help="embedded: model to load; else: model to request"
+    )
+    parser.add_argument("--out", type=Path, help="results folder (default results/mechanism-TIME)")
+    parser.add_argument(
+        "--fast", action="store_true", help="CI mode: levels 1,2, 3 turns, 3 overhead reps"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .replay import Settings
+    from .run import Options, run_mechanism
+    from .trajectories import load
+
+    levels = args.levels or ((1, 2) if args.fast else (1, 4, 8, 16))
+    turns = args.turns or (3 if args.fast else 6)
+    reps = args.overhead_reps if args.overhead_reps is not None else (3 if args.fast else 15)
+    if turns < 1:
+        print("leyline eval mechanism: --turns must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        pool = load(
+            [s.strip() for s in args.trajectories.split(",") if s.strip()],
+            synthetic_count=2 if args.fast else args.synthetic,
+            seed=args.seed,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"leyline eval mechanism: {exc}", file=sys.stderr)
+        return 2
+    settings = Settings(levels, turns, args.keep_last, args.max_tokens, args.model)
+    options = Options(
+        settings,
+        tuple(pool),
+        base_url=args.base_url,
+        api_key=args.api_key,
+        overhead_reps=reps,
+        out=args.out,
+        progress=not args.no_progress,
+    )
+    run_mechanism(options)
+    return 0

@@ -1,0 +1,160 @@
+"""Clients that replay trajectories in both arms, turn by turn, at one concurrency level.
+
+Each client replays one trajectory through ``LeylineOpenAI`` with the truncation policy, in
+two sessions: ``splice`` (the policy's edits sent as directives) and ``reprefill`` (the same
+edited messages, no directives: the server re-prefills from the first changed token and
+reuses its warm prefix). A client asks both arms each turn, alternating which goes first,
+so both arms share one queue and the same machine noise.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import cast
+
+import openai
+
+from leyline.policies import LeylineOpenAI, TruncateOldToolOutputs
+
+from .shim import Clock, TimedClient
+from .trajectories import Trajectory
+
+ARMS = ("splice", "reprefill")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    levels: tuple[int, ...] = (1, 4, 8, 16)
+    turns: int = 6
+    keep_last: int = 2
+    max_tokens: int = 4
+    model: str = "smollm2"
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One chat request of one arm, as the client saw it and as the server reported it."""
+
+    level: int
+    client: int
+    trajectory: str
+    turn: int
+    arm: str
+    e2e_s: float
+    """Wall time of ``create`` through the middleware (its /tokenize round trip included)."""
+    ttft_s: float
+    path: str | None
+    prompt_tokens: int
+    reused: int
+    prefilled: int
+    rotated: int
+    directives: int
+    first_token: str | None
+    """The first generated token (greedy: the argmax of the next-token distribution)."""
+
+
+class ReplayClient:
+    """One simulated agent replaying one trajectory in both arms."""
+
+    def __init__(
+        self, base: openai.OpenAI, settings: Settings, trajectory: Trajectory, tag: str
+    ) -> None:
+        self.settings, self.trajectory = settings, trajectory
+        self.messages = trajectory.opening()
+        self.tools = trajectory.tool_specs()
+        self.clocks = {arm: Clock() for arm in ARMS}
+        policy = TruncateOldToolOutputs(keep_last=settings.keep_last)
+        self.arms = {
+            arm: LeylineOpenAI(
+                cast(openai.OpenAI, TimedClient(base, self.clocks[arm])),
+                policy,
+                session=f"{tag}-{arm}",
+                directives=arm == "splice",
+            )
+            for arm in ARMS
+        }
+
+    def turns(self) -> int:
+        return min(self.settings.turns, len(self.trajectory.calls))
+
+    def replay(self, level: int, index: int, tick: Callable[[], None]) -> list[Sample]:
+        out: list[Sample] = []
+        try:
+            for turn in range(1, self.turns() + 1):
+                self.messages += self.trajectory.turn(turn)
+                order = ARMS if (turn + index) % 2 else ARMS[::-1]
+                for arm in order:
+                    out.append(self._ask(level, index, turn, arm))
+                    tick()
+        finally:
+            for client in self.arms.values():
+                client.close()
+        return out
+
+    def _ask(self, level: int, index: int, turn: int, arm: str) -> Sample:
+        client, clock = self.arms[arm], self.clocks[arm]
+        t0 = time.perf_counter()
+        client.chat.completions.create(
+            model=self.settings.model,
+            messages=self.messages,
+            tools=self.tools,
+            max_tokens=self.settings.max_tokens,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=1,
+        )
+        e2e = time.perf_counter() - t0
+        r = client.records[-1]
+        return Sample(
+            level=level,
+            client=index,
+            trajectory=self.trajectory.name,
+            turn=turn,
+            arm=arm,
+            e2e_s=e2e,
+            ttft_s=clock.last_ttft_s,
+            path=r.path,
+            prompt_tokens=r.prompt_tokens or (r.reused_tokens or 0) + (r.prefilled_tokens or 0),
+            reused=r.reused_tokens or 0,
+            prefilled=r.prefilled_tokens or 0,
+            rotated=r.rotated_tokens or 0,
+            directives=r.directives,
+            first_token=clock.last_first_token,
+        )
+
+
+def run_level(
+    base: openai.OpenAI,
+    settings: Settings,
+    pool: Sequence[Trajectory],
+    level: int,
+    tick: Callable[[], None],
+    run_id: str,
+) -> list[Sample]:
+    """``level`` clients at once; client ``i`` replays ``pool[i % len(pool)]``."""
+    lock = threading.Lock()
+
+    def locked_tick() -> None:
+        with lock:
+            tick()
+
+    clients = [
+        ReplayClient(base, settings, pool[i % len(pool)], f"{run_id}-c{level}-{i}")
+        for i in range(level)
+    ]
+    with ThreadPoolExecutor(max_workers=level) as workers:
+        futures = [workers.submit(c.replay, level, i, locked_tick) for i, c in enumerate(clients)]
+        return [s for f in futures for s in f.result()]
+
+
+def requests_in(settings: Settings, pool: Sequence[Trajectory]) -> int:
+    """How many chat requests a run makes (for the progress bar)."""
+    return sum(
+        2 * min(settings.turns, len(pool[i % len(pool)].calls))
+        for level in settings.levels
+        for i in range(level)
+    )

@@ -1,0 +1,84 @@
+"""The mechanism eval's tables (printed and in report.md) and plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from leyline.evals.common import markdown_table
+
+from .replay import ARMS
+
+QUEUE_NOTE = (
+    "`leyline serve` runs all model work on ONE worker thread: requests queue, so "
+    "concurrency measures queueing (latency ~ c x work), not parallel throughput. Both arms "
+    "share that queue; read the ratios and the hit rates."
+)
+
+
+def latency_table(table: dict[str, Any]) -> str:
+    header = ["c", "arm", "requests", "e2e p50 ms", "e2e p90 ms", "TTFT p50 ms", "TTFT p90 ms"]
+    header += ["hit rate", "prefilled", "rotated", "ran as splice"]
+    rows: list[list[Any]] = []
+    for level, row in table.items():
+        for arm in ARMS:
+            a = row[arm]
+            times = [round(a[f"{k}_ms"]) for k in ("e2e_p50", "e2e_p90", "ttft_p50", "ttft_p90")]
+            counts = [a["prefilled_tokens"], a["rotated_tokens"], a["splice_paths"]]
+            rows.append([level, arm, a["requests"], *times, f"{a['hit_rate']:.1%}", *counts])
+    return markdown_table(header, rows)
+
+
+def ratio_table(table: dict[str, Any]) -> str:
+    header = ["c", "e2e p50 re-prefill/splice", "TTFT p50 re-prefill/splice", "hit rate gain"]
+    header.append("first-token argmax agree (spliced turns)")
+    rows = []
+    for level, row in table.items():
+        agree = row["agreement"]
+        rows.append(
+            [
+                level,
+                f"{row['ratio_e2e_p50_ms']:.2f}x",
+                f"{row['ratio_ttft_p50_ms']:.2f}x",
+                f"{row['hit_rate_gain_pp']:+.1f} pp",
+                f"{agree['agree']}/{agree['pairs']} ({agree['spliced_agree']}/"
+                f"{agree['spliced_pairs']})",
+            ]
+        )
+    return markdown_table(header, rows)
+
+
+def overhead_table(overhead: dict[str, Any]) -> str:
+    rows = [
+        [name, o["http_p50_ms"], o["inproc_p50_ms"], o["overhead_p50_ms"], overhead["what"][name]]
+        for name, o in ((n, overhead[n]) for n in overhead["what"])
+    ]
+    return markdown_table(["call", "HTTP p50 ms", "in-process p50 ms", "overhead ms", "what"], rows)
+
+
+def pool_table(pool: list[dict[str, Any]]) -> str:
+    rows = [[t["source"], t["count"], t["turns"], t["chars"]] for t in pool]
+    return markdown_table(["source", "trajectories", "tool turns", "output chars"], rows)
+
+
+def plot_latency(table: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    levels = [int(k) for k in table]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for arm, color in zip(ARMS, ("tab:blue", "tab:orange"), strict=True):
+        for key, style in (("e2e_p50_ms", "-o"), ("ttft_p50_ms", "--x")):
+            ys = [table[str(c)][arm][key] for c in levels]
+            axes[0].plot(levels, ys, style, color=color, label=f"{arm} {key.split('_')[0]} p50")
+        hits = [100 * table[str(c)][arm]["hit_rate"] for c in levels]
+        axes[1].plot(levels, hits, "-o", color=color, label=arm)
+    axes[0].set(xlabel="concurrent clients", ylabel="ms", title="p50 latency (one model worker)")
+    axes[1].set(xlabel="concurrent clients", ylabel="%", title="replay cache-hit rate")
+    axes[1].set_ylim(0, 100)
+    for ax in axes:
+        ax.set_xticks(levels)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

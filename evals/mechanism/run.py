@@ -1,0 +1,159 @@
+"""``leyline eval mechanism``: the server (embedded or ``--base-url``), the replay, the report."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from leyline.evals.common import Report, results_dir
+
+from .replay import Sample, Settings, requests_in, run_level
+from .report import (
+    QUEUE_NOTE,
+    latency_table,
+    overhead_table,
+    plot_latency,
+    pool_table,
+    ratio_table,
+)
+from .stats import overall, summarize
+from .trajectories import Trajectory
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    settings: Settings
+    pool: tuple[Trajectory, ...]
+    base_url: str | None = None
+    api_key: str | None = None
+    overhead_reps: int = 15
+    out: Path | None = None
+    progress: bool = True
+
+
+@contextmanager
+def _server(options: Options) -> Iterator[tuple[str, Any]]:
+    """(base URL, the app or None): the embedded `leyline serve`, or ``--base-url``."""
+    if options.base_url:
+        yield options.base_url, None
+        return
+    from leyline.evals.demo.server import EmbeddedServer
+
+    # Sessions only, no shared prefix cache: each arm reuses what its own session holds.
+    model = options.settings.model
+    with EmbeddedServer(model, max_new_tokens=options.settings.max_tokens) as embedded:
+        yield embedded.base_url, embedded.app
+
+
+def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
+    out = out or sys.stdout
+    settings, pool = options.settings, list(options.pool)
+    folder = results_dir("mechanism", options.out)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    samples: list[Sample] = []
+    overhead = None
+    with _server(options) as (base_url, app):
+        base = openai.OpenAI(
+            base_url=base_url, api_key=options.api_key or "-", timeout=900, max_retries=0
+        )
+        _warm(base, settings.model)
+        total = requests_in(settings, pool)
+        with _bar(total, options.progress) as tick:
+            for level in settings.levels:
+                samples += run_level(base, settings, pool, level, tick, f"mech-{stamp}")
+        if app is not None and options.overhead_reps > 0:
+            from .overhead import measure_overhead
+
+            reps, show = options.overhead_reps, options.progress
+            overhead = measure_overhead(app, base_url, reps, f"mech-{stamp}", show_progress=show)
+    table = summarize(samples)
+    facts = overall(samples)
+    wall = time.perf_counter() - t0
+    report = Report(
+        name="mechanism",
+        title="Mechanism: splice vs prefix-cache re-prefill on replayed trajectories",
+        config=asdict(settings)
+        | {"server": options.base_url or "embedded leyline serve", "trajectories": len(pool)},
+        folder=folder,
+    )
+    report.data = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+        },
+        "wall_s": wall,
+        "pool": _pool_facts(pool),
+        "overall": facts,
+        "summary": table,
+        "overhead": overhead,
+        "samples": [asdict(s) for s in samples],
+    }
+    report.section("Trajectories replayed", pool_table(_pool_facts(pool)))
+    report.section("Per concurrency level", QUEUE_NOTE + "\n\n" + latency_table(table))
+    report.section("Ratios and agreement", ratio_table(table) + "\n\n" + _overall_text(facts))
+    if overhead is not None:
+        report.section(
+            "HTTP + protocol overhead (paired medians)",
+            f"{overhead['prompt_tokens']} prompt tokens.\n\n" + overhead_table(overhead),
+        )
+    report.plots["latency_and_hits.png"] = lambda path: plot_latency(table, path)
+    written = report.write()
+    print(QUEUE_NOTE, file=out)
+    print(latency_table(table), file=out)
+    print(ratio_table(table), file=out)
+    print(_overall_text(facts), file=out)
+    if overhead is not None:
+        print(overhead_table(overhead), file=out)
+    print(f"\n{wall:.0f} s wall -> {', '.join(str(p) for p in written)}", file=out)
+    return report.data
+
+
+def _overall_text(facts: dict[str, Any]) -> str:
+    hit, agree = facts["hit_rate"], facts["agreement"]
+    return (
+        f"All levels: replay cache-hit rate splice {hit['splice']:.1%} vs re-prefill "
+        f"{hit['reprefill']:.1%} ({facts['hit_rate_gain_pp']:+.1f} pp); prefilled tokens "
+        f"{facts['prefilled_tokens']['splice']} vs {facts['prefilled_tokens']['reprefill']}; "
+        f"first-token argmax agreement with the warm-prefix path {agree['agree']}/"
+        f"{agree['pairs']} turns ({agree['spliced_agree']}/{agree['spliced_pairs']} of the "
+        "turns that ran as a splice)."
+    )
+
+
+def _pool_facts(pool: Sequence[Trajectory]) -> list[dict[str, Any]]:
+    sources: dict[str, dict[str, Any]] = {}
+    for t in pool:
+        empty = {"source": t.source, "count": 0, "turns": 0, "chars": 0}
+        entry = sources.setdefault(t.source, empty)
+        entry["count"] += 1
+        entry["turns"] += len(t.calls)
+        entry["chars"] += sum(len(c.output) for c in t.calls)
+    return list(sources.values())
+
+
+@contextmanager
+def _bar(total: int, enabled: bool) -> Iterator[Any]:
+    if not enabled:
+        yield lambda: None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc="requests", unit="req", dynamic_ncols=True) as bar:
+        yield lambda: bar.update(1)
+
+
+def _warm(base: openai.OpenAI, model: str) -> None:
+    """One stateless request first: the first forward pays one-time setup costs."""
+    messages = [{"role": "user", "content": "Hello"}]
+    base.chat.completions.create(model=model, messages=messages, max_tokens=1, temperature=0)  # type: ignore[arg-type]

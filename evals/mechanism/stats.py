@@ -1,0 +1,83 @@
+"""Per concurrency level and arm: latency percentiles, cache-hit rate, argmax agreement."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .replay import ARMS, Sample
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100); NaN for no values."""
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def arm_figures(samples: Sequence[Sample]) -> dict[str, Any]:
+    reused = sum(s.reused for s in samples)
+    total = reused + sum(s.prefilled for s in samples)
+    e2e = [s.e2e_s * 1e3 for s in samples]
+    ttft = [s.ttft_s * 1e3 for s in samples]
+    return {
+        "requests": len(samples),
+        "e2e_p50_ms": pct(e2e, 50),
+        "e2e_p90_ms": pct(e2e, 90),
+        "ttft_p50_ms": pct(ttft, 50),
+        "ttft_p90_ms": pct(ttft, 90),
+        "hit_rate": reused / total if total else float("nan"),
+        "prompt_tokens": total,
+        "prefilled_tokens": total - reused,
+        "rotated_tokens": sum(s.rotated for s in samples),
+        "splice_paths": sum(s.path == "splice" for s in samples),
+    }
+
+
+def agreement(samples: Sequence[Sample]) -> dict[str, int]:
+    """First-token argmax agreement of the splice arm with the warm-prefix re-prefill arm.
+
+    Pairs are the two arms' requests of one client turn (same edited messages). ``spliced``
+    counts the pairs whose splice request really ran as a splice on the server.
+    """
+    by_turn: dict[tuple[int, int, int], dict[str, Sample]] = {}
+    for s in samples:
+        by_turn.setdefault((s.level, s.client, s.turn), {})[s.arm] = s
+    pairs = [p for p in by_turn.values() if all(p.get(a) and p[a].first_token for a in ARMS)]
+    spliced = [p for p in pairs if p["splice"].path == "splice"]
+    return {
+        "pairs": len(pairs),
+        "agree": sum(p["splice"].first_token == p["reprefill"].first_token for p in pairs),
+        "spliced_pairs": len(spliced),
+        "spliced_agree": sum(
+            p["splice"].first_token == p["reprefill"].first_token for p in spliced
+        ),
+    }
+
+
+def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
+    """Per level: each arm's figures, the re-prefill / splice p50 ratios, the agreement."""
+    table: dict[str, Any] = {}
+    for level in sorted({s.level for s in samples}):
+        mine = [s for s in samples if s.level == level]
+        row: dict[str, Any] = {arm: arm_figures([s for s in mine if s.arm == arm]) for arm in ARMS}
+        for key in ("e2e_p50_ms", "ttft_p50_ms"):
+            row[f"ratio_{key}"] = row["reprefill"][key] / row["splice"][key]
+        row["hit_rate_gain_pp"] = 100 * (row["splice"]["hit_rate"] - row["reprefill"]["hit_rate"])
+        row["agreement"] = agreement(mine)
+        table[str(level)] = row
+    return table
+
+
+def overall(samples: Sequence[Sample]) -> dict[str, Any]:
+    """All levels together: hit rates, their gain and the agreement."""
+    arms = {arm: arm_figures([s for s in samples if s.arm == arm]) for arm in ARMS}
+    return {
+        "hit_rate": {arm: arms[arm]["hit_rate"] for arm in ARMS},
+        "hit_rate_gain_pp": 100 * (arms["splice"]["hit_rate"] - arms["reprefill"]["hit_rate"]),
+        "prefilled_tokens": {arm: arms[arm]["prefilled_tokens"] for arm in ARMS},
+        "agreement": agreement(samples),
+    }
