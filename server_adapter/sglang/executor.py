@@ -1,0 +1,217 @@
+"""Execute a Leyline splice inside SGLang's scheduler, on its real pools and radix tree.
+
+One call, all-or-nothing:
+
+1. ``apply_edits`` (the protocol's algebra) gives the new tokens and, run by run, where
+   each token's KV comes from.
+2. The tree is matched for the new tokens (the unchanged prefix, plus anything a generate
+   already prefilled, e.g. the replacement) and for the old ones (the source of every
+   kept run). Both paths are locked so eviction cannot take them mid-splice.
+3. Fresh slots are allocated for the rest, page-aligned; each kept run is copied into them
+   with its rope band rotated by the run's delta; inserted runs are written from rows the
+   caller supplies. An inserted run with no rows stops the build there: the outcome asks
+   for ``new_tokens[:pending_prefill]`` to be prefilled by an ordinary generate (which
+   hits everything built so far), and the call is repeated.
+4. The request's token -> slot row is rebuilt in ``ReqToTokenPool`` and the new sequence's
+   full pages are inserted into the tree. A partial last page cannot be (the tree holds
+   whole pages): its slots are freed and the generate re-prefills it (``page_alignment``).
+
+Any failure before the insert frees the fresh slots and unlocks: pools, allocator and tree
+are as before (the old KV is only ever read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from leyline.protocol.algebra import Edit, EditResult, Run, apply_edits
+from leyline.protocol.directives import Mode
+from leyline.protocol.errors import ErrorCode, LeylineError
+from leyline.protocol.fallback import FallbackReason
+from leyline.server_adapter.errors import SpliceUnsupportedError
+
+from .kv_rows import KVRows
+from .page_align import floor_page
+from .tree_ops import Match, TreeOps
+
+#: Rows for one inserted run, per layer, as ``KVRows.write`` takes them; keyed by the run's
+#: start position in the new sequence.
+InsertedRows = Mapping[int, Sequence[Sequence[torch.Tensor]]]
+
+
+@dataclass(frozen=True, slots=True)
+class SpliceOutcome:
+    tokens: tuple[int, ...]
+    """The whole new sequence."""
+    cached_tokens: int
+    """How much of it the tree now holds (whole pages)."""
+    reused_tokens: int
+    """Tokens of the new sequence whose KV came from the old one (the prefix included)."""
+    rotated_tokens: int
+    """Reused tokens this call moved (rope band rotated)."""
+    written_tokens: int
+    """Inserted tokens written from caller-supplied rows."""
+    pending_prefill: int | None = None
+    """Set when an inserted run has no KV: prefill ``tokens[:pending_prefill]``, call again."""
+    fallback_reason: FallbackReason | None = None
+    """``page_alignment`` when a partial last page is left for the generate to re-prefill."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    new_start: int
+    new_end: int
+    old_start: int | None  # None: written from supplied rows
+    delta: int
+    rows: Sequence[Sequence[torch.Tensor]] | None = None
+
+
+class SpliceExecutor:
+    """Splices on one scheduler's ``tree_cache``, KV pool rows and ``req_to_token_pool``."""
+
+    def __init__(self, tree: TreeOps, rows: KVRows, req_to_token_pool: Any = None) -> None:
+        self.tree = tree
+        self.rows = rows
+        self.req_to_token_pool = req_to_token_pool
+        self.page_size = tree.page_size
+
+    def splice(
+        self,
+        old_tokens: Sequence[int],
+        edits: Sequence[Edit],
+        *,
+        inserted_rows: InsertedRows | None = None,
+    ) -> SpliceOutcome:
+        """Splice ``edits`` (AMORTIZE) into the cached ``old_tokens``.
+
+        Raises:
+            LeylineError: the batch breaks a protocol rule, or the pool has no room
+                (``limit_exceeded``); nothing changed.
+            SpliceUnsupportedError: ``missing_source`` when the old sequence is no longer
+                cached; nothing changed.
+        """
+        if any(Mode(e.mode) is Mode.forget for e in edits):
+            raise ValueError("FORGET edits re-prefill: use forget(), not splice()")
+        result = apply_edits(old_tokens, edits)
+        new = result.tokens
+        old_match = self.tree.match(old_tokens)
+        new_match = self.tree.match(new)
+        locks = [self.tree.lock(old_match.node), self.tree.lock(new_match.node)]
+        try:
+            return self._build(result, old_match, new_match, inserted_rows or {})
+        finally:
+            for handle in reversed(locks):
+                self.tree.unlock(handle)
+
+    def _build(
+        self, result: EditResult, old: Match, new_match: Match, inserted_rows: InsertedRows
+    ) -> SpliceOutcome:
+        new = result.tokens
+        base = new_match.length
+        segments, stop, pending = self._plan(result.runs, base, old, inserted_rows)
+        end = floor_page(stop, self.page_size)  # the tree takes whole pages only
+        segments = [_clip(s, end) for s in segments if s.new_start < end]
+        reused = sum(
+            min(len(r), max(0, end - r.new_start)) for r in result.runs if r.kind == "kept"
+        )
+        if end <= base:
+            return SpliceOutcome(
+                new, base, min(reused, base), 0, 0, pending, self._reason(stop, pending)
+            )
+        fresh = self._alloc(end - base)
+        try:
+            for seg in segments:
+                dst = fresh[seg.new_start - base : seg.new_end - base]
+                if seg.old_start is None:
+                    assert seg.rows is not None
+                    self.rows.write(dst, seg.rows)
+                else:
+                    src = old.slots[seg.old_start : seg.old_start + len(dst)]
+                    self.rows.copy(src, dst, seg.delta)
+            slots = self._token_row(torch.cat([new_match.slots[:base], fresh]))
+        except BaseException:
+            self.tree.allocator.free(fresh)
+            raise
+        self.tree.insert(new[:end], slots, owned=base)
+        return SpliceOutcome(
+            tokens=new,
+            cached_tokens=end,
+            reused_tokens=reused,
+            rotated_tokens=sum(s.new_end - s.new_start for s in segments if s.delta != 0),
+            written_tokens=sum(s.new_end - s.new_start for s in segments if s.old_start is None),
+            pending_prefill=pending,
+            fallback_reason=self._reason(stop, pending),
+        )
+
+    def _plan(
+        self, runs: Sequence[Run], base: int, old: Match, inserted_rows: InsertedRows
+    ) -> tuple[list[_Segment], int, int | None]:
+        """Segments to build from ``base`` on; where the build stops; what to prefill."""
+        segments: list[_Segment] = []
+        for run in runs:
+            if run.new_end <= base:
+                continue
+            start = max(run.new_start, base)
+            if run.kind == "kept":
+                assert run.old_start is not None
+                old_start = run.old_start + (start - run.new_start)
+                if run.old_start + len(run) > old.length:
+                    raise SpliceUnsupportedError(
+                        FallbackReason.missing_source,
+                        f"old tokens [{old_start}, {run.old_start + len(run)}) are no longer "
+                        f"cached (the tree holds {old.length})",
+                    )
+                segments.append(_Segment(start, run.new_end, old_start, run.delta))
+            elif start == run.new_start and run.new_start in inserted_rows:
+                segments.append(_Segment(start, run.new_end, None, 0, inserted_rows[run.new_start]))
+            else:
+                # No KV for this run: a generate prefills it (and one token past it, so the
+                # tree surely holds the whole run whatever the server caches of a prompt).
+                return segments, start, run.new_end + 1
+        return segments, runs[-1].new_end if runs else 0, None
+
+    def _reason(self, stop: int, pending: int | None) -> FallbackReason | None:
+        if pending is None and stop % self.page_size:
+            return FallbackReason.page_alignment
+        return None
+
+    def _alloc(self, n: int) -> torch.Tensor:
+        slots = self.tree.allocator.alloc(n)
+        if slots is None:
+            self.tree.evict(n)  # both paths are locked: eviction cannot take them
+            slots = self.tree.allocator.alloc(n)
+        if slots is None:
+            raise LeylineError(
+                ErrorCode.limit_exceeded,
+                f"the KV pool has no room for the {n} slots this splice needs, even after "
+                "eviction; retry later or send the edited prompt instead",
+            )
+        return slots.to(torch.int64)
+
+    def _token_row(self, slots: torch.Tensor) -> torch.Tensor:
+        """Write the spliced sequence's token -> slot row, as a request of it would hold."""
+        pool = self.req_to_token_pool
+        if pool is None or len(slots) > pool.max_context_len:
+            return slots
+        rows = pool.alloc_rows(1)
+        if not rows:
+            return slots
+        try:
+            pool.write((rows[0], slice(0, len(slots))), slots.to(pool.req_to_token.dtype))
+            return pool.req_to_token[rows[0], : len(slots)].to(torch.int64)
+        finally:
+            pool.free_rows(rows)
+
+
+def _clip(seg: _Segment, end: int) -> _Segment:
+    if seg.new_end <= end:
+        return seg
+    rows = seg.rows
+    if rows is not None:
+        keep = end - seg.new_start
+        rows = [[t[:keep] for t in layer] for layer in rows]
+    return _Segment(seg.new_start, end, seg.old_start, seg.delta, rows)

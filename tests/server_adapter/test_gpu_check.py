@@ -1,0 +1,38 @@
+"""The SGLang plugin's device check runs in CPU mode without SGLang (main venv)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from leyline.server_adapter.sglang import gpu_check
+
+
+def test_gpu_check_cpu_mode_passes_its_numerical_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpu_check.main(["--device", "cpu", "--small"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rope = report["rope"]
+    assert rope["within_1_ulp"] and rope["latent_bitwise"] and report["ok"]
+    assert rope["max_error_pair_ulps"] <= 1.0
+    assert report["engine"]["kl_finite"]
+    assert rope["rotate_ms"] > 0 and rope["plain_copy_ms"] > 0
+
+
+def test_gpu_check_refuses_cuda_without_a_device(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert gpu_check.main([]) == 2
+    assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_importing_the_plugin_package_does_not_import_sglang() -> None:
+    import sys
+
+    import leyline.server_adapter.sglang  # noqa: F401
+
+    if importlib.util.find_spec("sglang") is None:
+        assert "sglang" not in sys.modules

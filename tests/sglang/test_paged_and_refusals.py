@@ -1,0 +1,120 @@
+"""Page sizes above 1, and refusals that must leave pool, allocator and tree untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leyline.protocol.algebra import Edit
+from leyline.protocol.errors import ErrorCode, LeylineError
+from leyline.protocol.fallback import FallbackReason
+from leyline.server_adapter.errors import SpliceUnsupportedError
+from leyline.server_adapter.sglang.tree_ops import TreeOps
+
+from ._stack import LORA, TREE_KINDS, TreeKind, build, free_slot_count
+
+OLD = list(range(100, 180))
+
+
+def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    bufs_a, bufs_b = a[0], b[0]
+    assert isinstance(bufs_a, list) and isinstance(bufs_b, list)
+    return all(torch.equal(x, y) for x, y in zip(bufs_a, bufs_b, strict=True)) and a[1:] == b[1:]
+
+
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_paged_splice_rematches_full_pages_and_reports_the_partial_tail(kind: TreeKind) -> None:
+    stack = build(kind, page_size=4)
+    stack.prefill(OLD)
+    out = stack.executor().splice(OLD, [Edit(21, 50)])  # 51 tokens: 12 pages + 3
+    assert len(out.tokens) == 51
+    assert out.cached_tokens == 48
+    assert out.fallback_reason is FallbackReason.page_alignment
+    ops = TreeOps(stack.tree)
+    assert ops.match(list(out.tokens)).length == 48
+    old_slots, new_slots = ops.match(OLD).slots, ops.match(list(out.tokens)).slots
+    assert torch.equal(new_slots[:20], old_slots[:20])  # whole pages before the edit shared
+    assert not bool(torch.isin(new_slots[20:], old_slots).any())  # the edit's page is fresh
+    assert bool((new_slots % 4 == torch.arange(48) % 4).all())  # in-page offsets kept
+    for buf in stack.pool.kv_buffer:  # token 20 shares the edit's page: copied bitwise
+        assert torch.equal(buf[new_slots[20]], buf[old_slots[20]])
+        assert torch.equal(buf[new_slots[21:48], 0, :LORA], buf[old_slots[50:77], 0, :LORA])
+    ops.evict_all()
+    assert free_slot_count(stack) == (stack.size, stack.size)
+
+
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_missing_source_changes_nothing(kind: TreeKind) -> None:
+    stack = build(kind)
+    stack.prefill(OLD[:40])  # the cache lost the old sequence's tail
+    before = stack.snapshot()
+    with pytest.raises(SpliceUnsupportedError) as info:
+        stack.executor().splice(OLD, [Edit(10, 20)])
+    assert info.value.reason is FallbackReason.missing_source
+    assert _same(before, stack.snapshot())
+
+
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_invalid_span_changes_nothing(kind: TreeKind) -> None:
+    stack = build(kind)
+    stack.prefill(OLD)
+    before = stack.snapshot()
+    with pytest.raises(LeylineError) as info:
+        stack.executor().splice(OLD, [Edit(70, 90)])
+    assert info.value.code is ErrorCode.invalid_span
+    assert _same(before, stack.snapshot())
+
+
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_no_room_changes_nothing(kind: TreeKind) -> None:
+    stack = build(kind, size=96)
+    stack.prefill(OLD)  # 80 of 96 slots, locked by nothing but needed as the source
+    before = stack.snapshot()
+    with pytest.raises(LeylineError) as info:
+        stack.executor().splice(OLD, [Edit(1, 5)])  # needs 75 fresh slots
+    assert info.value.code is ErrorCode.limit_exceeded
+    assert _same(before, stack.snapshot())
+
+
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_failure_mid_write_frees_the_fresh_slots(kind: TreeKind) -> None:
+    stack = build(kind)
+    stack.prefill(OLD)
+    free_before, tree_before = stack.snapshot()[1:], TreeOps(stack.tree).match(OLD).slots
+    bad_rows = {20: [[torch.zeros(3, 1, 7)], [torch.zeros(3, 1, 7)]]}  # wrong row width
+    with pytest.raises(RuntimeError):
+        stack.executor().splice(OLD, [Edit(20, 50, (1, 2, 3))], inserted_rows=bad_rows)
+    assert stack.snapshot()[1:] == free_before
+    assert torch.equal(TreeOps(stack.tree).match(OLD).slots, tree_before)
+
+
+def test_disabled_radix_cache_is_refused() -> None:
+    stack = build("legacy")
+    stack.tree.disable = True  # as --disable-radix-cache builds it
+    with pytest.raises(SpliceUnsupportedError) as info:
+        TreeOps(stack.tree)
+    assert info.value.reason is FallbackReason.unsupported_runtime
+
+
+def test_hierarchical_cache_is_refused() -> None:
+    stack = build("unified-python")
+    # init_hicache needs a host pool and server args; what it leaves behind is this field.
+    stack.tree.cache_controller = object()
+    with pytest.raises(SpliceUnsupportedError) as info:
+        TreeOps(stack.tree)
+    assert info.value.reason is FallbackReason.unsupported_runtime
+    assert "hierarchical" in info.value.message
+
+
+def test_fp8_pool_is_refused() -> None:
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+    from leyline.server_adapter.sglang.kv_rows import kv_rows_for
+    from leyline.server_adapter.sglang.rope_source import band_of
+
+    from ._stack import deepseek_rope
+
+    pool = MLATokenToKVPool(16, 1, torch.float8_e4m3fn, 32, 16, 1, "cpu", False)
+    with pytest.raises(SpliceUnsupportedError) as info:
+        kv_rows_for(pool, band_of(deepseek_rope()))
+    assert info.value.reason is FallbackReason.unsupported_layout
