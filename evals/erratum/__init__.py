@@ -1,1 +1,2 @@
-"""leyline eval erratum (being built)."""
+"""``leyline eval erratum``: field-only KV refresh vs ERRATUM vs recompute on decision prompts
+("Models Take Notes at Prefill"); see docs/evals-erratum.md."""
