@@ -252,7 +252,7 @@ class Runner:
             for session in opened:
                 eng.close_session(session.id)
 
-        requests = self._requests(p_old, p_new, notes["erratum"], question)
+        requests = self.send_requests(p_old, p_new, notes["erratum"], question)
         assert erratum_op is not None
         return CaseResult(
             template=t.name,
@@ -282,7 +282,7 @@ class Runner:
             edit_request_margin=requests[2][1],
         )
 
-    def _requests(
+    def send_requests(
         self,
         p_old: tuple[int, ...],
         p_new: tuple[int, ...],

@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 HELP = "erratum vs field-only KV refresh vs recompute: decision recovery, prefix-cache hits"
 DESCRIPTION = """\
@@ -18,12 +20,18 @@ reference engine: field-only KV refresh (splice of the field's tokens, downstrea
 erratum appended (the protocol's ERRATUM directive), the same note restating the old value
 (control), and the oracle (the record recomputed with the new value). Decision recovery =
 agreement with the oracle on cases where the oracle's decision flips. Also the shared
-prefix cache's hit rate for the updated prompt sent as erratum vs as an in-prefix edit.
+prefix cache's hit rate for the updated prompt sent as erratum vs as an in-prefix edit, in
+the decision prompts (field late) and with the record first in a long static prompt (field
+early, hit rates only).
 Writes report.json, report.md and erratum.png; see docs/evals-erratum.md.
 """
 
 DEFAULT_CASES = 12
 FAST_CASES = 2
+# Field-early cases per template: two ~1,000-token prefills each (~3 s apiece on this CPU);
+# the hit rate is set by the layout's geometry, so a few cases show it.
+EARLY_CASES = 3
+FAST_EARLY_CASES = 1
 PREFIX_CACHE_BYTES = 256 << 20
 
 
@@ -34,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help=f"cases per template (default {DEFAULT_CASES}; {FAST_CASES} with --fast)",
+    )
+    parser.add_argument(
+        "--early-cases",
+        type=int,
+        default=None,
+        help=f"field-early cases per template (default {EARLY_CASES}; {FAST_EARLY_CASES} "
+        "with --fast; 0 skips the layout)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the case draw")
     parser.add_argument("--templates", default=None, help="comma list (default: all four)")
@@ -56,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     from leyline.server_adapter.prefix_cache import PrefixCache
 
     from .arms import Runner
+    from .body import FAST_SECTIONS, body
+    from .early import run_early, summarize_early
     from .report import add_sections, plot, records
     from .stats import summarize
     from .templates import TEMPLATES, draw_cases
@@ -63,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     count = args.cases if args.cases is not None else FAST_CASES if args.fast else DEFAULT_CASES
     chosen = [t for t in TEMPLATES if args.templates is None or t.name in args.templates.split(",")]
-    if not chosen or count < 1:
+    early_count = args.early_cases
+    if early_count is None:
+        early_count = FAST_EARLY_CASES if args.fast else EARLY_CASES
+    if not chosen or count < 1 or early_count < 0:
         print("erratum: nothing to run (check --templates / --cases)", file=sys.stderr)
         return 2
     out = results_dir("erratum", args.out)
@@ -74,14 +94,20 @@ def run(args: argparse.Namespace) -> int:
     # Two engines on one model: the arms reuse only their own sessions' KV; the other holds
     # the shared prefix cache whose hits are measured.
     runner = Runner(Engine(loaded), Engine(loaded, prefix_cache=PrefixCache(PREFIX_CACHE_BYTES)))
+    sections = FAST_SECTIONS if args.fast else None
     cases = [case for t in chosen for case in draw_cases(t, count, args.seed)]
-    results = []
+    # The field-early layout reuses the first cases' records (same field changes).
+    early_cases = [c for t in chosen for c in draw_cases(t, early_count, args.seed)]
+    results, early = [], []
     try:
         for case in progress(cases, desc="erratum cases", enabled=not args.no_progress):
             results.append(runner.run(case))
+        for case in progress(early_cases, desc="field early", enabled=not args.no_progress):
+            early.append(run_early(runner, case, body(sections)))
     finally:
         runner.close()
     summary = summarize(results)
+    summary["field_early"] = summarize_early(early)
 
     config = {
         "model": loaded.label,
@@ -92,23 +118,35 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "fast": args.fast,
         "threads": args.threads,
+        "field_early_cases_per_template": early_count,
+        "field_early_body_sections": sections,
         "seconds": round(time.perf_counter() - t0, 1),
     }
     report = Report("erratum", "Erratum vs field-only refresh vs recompute", config, out)
-    report.data = {"summary": summary, "records": records(results, summary)}
+    report.data = {
+        "summary": summary,
+        "records": records(results, summary),
+        "field_early_records": [asdict(r) for r in early],
+    }
     add_sections(report, summary, results)
     report.plots["erratum.png"] = plot(summary)
     written = report.write()
 
     overall = summary["overall"]
     rec = overall["recovery"]
-    hits = overall["hit_rate"]
+    hits, early_hits = overall["hit_rate"], summary["field_early"]["overall"]["hit_rate"]
     print(
         f"erratum: {overall['qualifying']}/{overall['cases']} cases qualify; recovery "
         f"field-only {rec['field_only']['rate']}, erratum {rec['erratum']['rate']}, "
         f"control {rec['erratum_control']['rate']}; prefix-cache hit rate erratum "
         f"{hits['erratum']['hit_rate']:.3f} vs in-prefix edit "
-        f"{hits['in_prefix_edit']['hit_rate']:.3f} ({config['seconds']} s)"
+        f"{hits['in_prefix_edit']['hit_rate']:.3f}; field early: erratum "
+        f"{_rate(early_hits['erratum'])} vs in-prefix edit {_rate(early_hits['in_prefix_edit'])} "
+        f"({config['seconds']} s)"
     )
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _rate(entry: dict[str, Any]) -> str:
+    return "-" if entry["hit_rate"] is None else f"{entry['hit_rate']:.3f}"

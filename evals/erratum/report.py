@@ -26,6 +26,60 @@ SHIFT_TITLES = {
 }
 
 
+HIT_RATE_TEXT = (
+    "The earlier request (old record) is sent to an engine with a shared prefix cache; then "
+    "the updated prompt arrives as a new request, either with the erratum appended at the end "
+    "or with the field edited in place (the engine reuses up to the last full block before the "
+    "first changed token). Two layouts: **field late**, the decision prompts above (rule and "
+    "solved examples, then the record); **field early**, the same record first, then the rule "
+    "and a long static body (instructions, handbook, prior conversation) and the question: "
+    "hit rates only, no decision is read in this layout. Hit rate = reused / prompt tokens, "
+    "summed over cases, from the engine's reports; prompt tok: median tokens of the edited "
+    "prompt; prefilled tok: mean tokens the engine computed per request; prefill ms: median "
+    "wall time on this machine (shared CPU: indicative only).\n\n"
+)
+LAYOUTS = (("field late", "decision prompts"), ("field early", "hit rate only"))
+
+
+def hit_rate_table(summary: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """Both layouts side by side, per template and overall."""
+    header = [
+        "template",
+        "layout",
+        "field at (fraction of prompt)",
+        "prompt tok",
+        "hit rate erratum",
+        "hit rate in-prefix edit",
+        "prefilled tok erratum",
+        "prefilled tok edit",
+        "prefill ms erratum",
+        "prefill ms edit",
+    ]
+    early = summary["field_early"]
+    rows = []
+    for name, late in _groups(summary):
+        early_group = early["overall"] if name == "overall" else early["templates"].get(name)
+        for (layout, _), g in zip(LAYOUTS, (late, early_group), strict=True):
+            if g is None or not g["cases"]:
+                continue
+            hits = g["hit_rate"]
+            rows.append(
+                [
+                    name,
+                    layout,
+                    g["field_position"],
+                    g["prompt_tokens"],
+                    hits["erratum"]["hit_rate"],
+                    hits["in_prefix_edit"]["hit_rate"],
+                    hits["erratum"]["prefilled_mean"],
+                    hits["in_prefix_edit"]["prefilled_mean"],
+                    hits["erratum"]["median_ms"],
+                    hits["in_prefix_edit"]["median_ms"],
+                ]
+            )
+    return header, rows
+
+
 def records(results: Sequence[CaseResult], summary: dict[str, Any]) -> list[dict[str, Any]]:
     """Every case as JSON, with the decisions read at its template's threshold."""
     out = []
@@ -104,38 +158,7 @@ def add_sections(report: Report, summary: dict[str, Any], results: Sequence[Case
         ),
     )
     report.section(
-        "Prefix-cache hit rate",
-        "The earlier request (old record) is sent to an engine with a shared prefix cache; "
-        "then the updated prompt arrives as a new request, either with the erratum appended "
-        "or with the field edited in place (the engine reuses up to the last full block before "
-        "the first changed token). Hit rate = reused / prompt tokens, summed over cases, from "
-        "the engine's reports; prefilled tok: mean tokens the engine computed per request; "
-        "prefill ms: median wall time on this machine (shared CPU: indicative only).\n\n"
-        + markdown_table(
-            [
-                "template",
-                "erratum",
-                "in-prefix edit",
-                "field at (fraction of prompt)",
-                "prefilled tok erratum",
-                "prefilled tok edit",
-                "prefill ms erratum",
-                "prefill ms edit",
-            ],
-            [
-                [
-                    name,
-                    g["hit_rate"]["erratum"]["hit_rate"],
-                    g["hit_rate"]["in_prefix_edit"]["hit_rate"],
-                    g["field_position"],
-                    g["hit_rate"]["erratum"]["prefilled_mean"],
-                    g["hit_rate"]["in_prefix_edit"]["prefilled_mean"],
-                    g["hit_rate"]["erratum"]["median_ms"],
-                    g["hit_rate"]["in_prefix_edit"]["median_ms"],
-                ]
-                for name, g in groups
-            ],
-        ),
+        "Prefix-cache hit rate", HIT_RATE_TEXT + markdown_table(*hit_rate_table(summary))
     )
     checks = summary["overall"]["checks"]
     report.section(
@@ -179,7 +202,8 @@ def add_sections(report: Report, summary: dict[str, Any], results: Sequence[Case
 
 
 def plot(summary: dict[str, Any]) -> Any:
-    """Recovery per arm per template (95% Wilson bars); hit rate erratum vs in-prefix edit."""
+    """Recovery per arm per template (95% Wilson bars); hit rate erratum vs in-prefix edit,
+    field late (decision prompts), then both layouts side by side."""
 
     def draw(path: Path) -> None:
         import matplotlib.pyplot as plt
@@ -187,7 +211,7 @@ def plot(summary: dict[str, Any]) -> Any:
         groups = _groups(summary)
         names = [name for name, _ in groups]
         arms = ["field_only", "erratum", "erratum_control"]
-        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+        fig, (left, right, layouts) = plt.subplots(1, 3, figsize=(18, 4.5))
         width = 0.8 / len(arms)
         for i, arm in enumerate(arms):
             xs, ys, low, high = [], [], [], []
@@ -215,10 +239,32 @@ def plot(summary: dict[str, Any]) -> Any:
         right.set_ylim(0, 1.3)
         right.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
         right.set_ylabel("prefix-cache hit rate (reused / prompt tokens)")
-        right.set_title("Prefix-cache hit rate of the updated prompt")
+        right.set_title("Prefix-cache hit rate of the updated prompt (field late)")
         right.legend(fontsize=8, loc="upper center", ncol=2)
+        _layout_panel(layouts, summary)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
 
     return draw
+
+
+def _layout_panel(ax: Any, summary: dict[str, Any]) -> None:
+    """Overall hit rate, erratum vs in-prefix edit, field late vs field early."""
+    groups = [summary["overall"], summary["field_early"]["overall"]]
+    for i, (key, label) in enumerate(
+        (("erratum", "erratum appended"), ("in_prefix_edit", "in-prefix edit"))
+    ):
+        ys = [g["hit_rate"][key]["hit_rate"] or 0.0 for g in groups]
+        bars = ax.bar([j + (i - 0.5) * 0.4 for j in range(2)], ys, 0.4, label=label)
+        ax.bar_label(bars, fmt="%.3f", fontsize=8)
+    ticks = []
+    for (layout, what), g in zip(LAYOUTS, groups, strict=True):
+        where = f"field at {g['field_position'] or 0:.0%} of {g['prompt_tokens'] or 0:.0f} tok"
+        ticks.append(f"{layout} ({what})\n{where}")
+    ax.set_xticks(range(2), ticks)
+    ax.set_ylim(0, 1.3)
+    ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    ax.set_ylabel("prefix-cache hit rate (reused / prompt tokens)")
+    ax.set_title("Hit rate by where the field sits (all templates)")
+    ax.legend(fontsize=8, loc="upper center", ncol=2)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .arms import CaseResult
+from .arms import CaseResult, Request
 
 Z95 = 1.959963984540054
 RECOVERY_ARMS = ("field_only", "erratum", "erratum_control", "no_edit")
@@ -109,7 +109,11 @@ def _median(values: Sequence[float]) -> float | None:
 
 
 def _hit(results: Sequence[CaseResult], which: str) -> dict[str, Any]:
-    requests = [getattr(r, which) for r in results]
+    return hit_summary([getattr(r, which) for r in results])
+
+
+def hit_summary(requests: Sequence[Request]) -> dict[str, Any]:
+    """Hit rate summed over requests (reused / prompt tokens), prefilled mean, spread, time."""
     reused, tokens = sum(q.reused for q in requests), sum(q.tokens for q in requests)
     rates = [q.hit_rate for q in requests]
     return {
@@ -159,6 +163,7 @@ def group_summary(results: Sequence[CaseResult], thresholds: dict[str, float]) -
             "in_prefix_edit": _hit(results, "edit_request"),
         },
         "field_position": _median([r.field_start / r.prompt_tokens["oracle"] for r in results]),
+        "prompt_tokens": _median([r.edit_request.tokens for r in results]),
         "checks": {
             "splice_paths": sorted({str(r.splice["path"]) for r in results}),
             "field_kv_changed": all(r.field_kv_change > 0 for r in results),

@@ -1,6 +1,7 @@
 """`leyline eval erratum`: the fast mode on SmolLM2 end to end, its records checked against
 what the engine must have done (token counts, KV kept or rewritten, prefix-cache blocks) and
-against the summary; plus the pure parts (intervals, case draw) without the model."""
+against the summary, and the field-early layout's prefix-cache hits; plus the pure parts
+(intervals, case draw, field-early prompt) without the model."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 import pytest
 
 from leyline.cli.main import main
+from leyline.evals.erratum.body import FAST_SECTIONS, SECTIONS, body
+from leyline.evals.erratum.early import parts
 from leyline.evals.erratum.stats import wilson
 from leyline.evals.erratum.templates import TEMPLATES, draw_cases
 
@@ -26,6 +29,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         assert (out / name).stat().st_size > 0, name
     text = (out / "report.md").read_text()
     assert "## Decision recovery" in text and "## Prefix-cache hit rate" in text
+    assert "| overall | field late |" in text and "| overall | field early |" in text
     data: dict[str, Any] = json.loads((out / "report.json").read_text())
     return data
 
@@ -89,6 +93,32 @@ def test_prefix_cache_hits_follow_the_blocks(report: dict[str, Any]) -> None:
         assert erratum["reused"] > edit["reused"]
     hits = report["summary"]["overall"]["hit_rate"]
     assert hits["erratum"]["hit_rate"] > hits["in_prefix_edit"]["hit_rate"]
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_field_early_in_prefix_edit_misses_the_cache(report: dict[str, Any]) -> None:
+    early = report["field_early_records"]
+    assert [r["template"] for r in early] == [t.name for t in TEMPLATES]  # 1 case each (fast)
+    notes = {(r["template"], r["index"]): r["note_tokens"] for r in report["records"]}
+    for r in early:
+        erratum, edit = r["erratum_request"], r["edit_request"]
+        appended = r["note_tokens"] + r["question_tokens"]
+        assert erratum["tokens"] == r["prompt_tokens"] + appended
+        assert notes[r["template"], r["index"]] == r["note_tokens"]  # the directive's note
+        # The same block rule as in the decision layout, measured by the engine.
+        assert erratum["reused"] == r["prompt_tokens"] // BLOCK * BLOCK
+        assert edit["reused"] == r["field_start"] // BLOCK * BLOCK
+        # The geometry the thresholds below rest on (fast body: 3 sections, ~350 tokens).
+        assert r["field_start"] < 3 * BLOCK and r["prompt_tokens"] >= 400 and appended <= 25
+    # Erratum: reuses all but < 16 tokens of a >= 400-token prompt and prefills <= 25 more,
+    # so its hit rate is >= (400 - 15) / (400 + 25) = 0.906. In-prefix edit: reuses at most
+    # the 2 full blocks before the field (< 48 tokens in), <= 32 / 400 = 0.08 (measured
+    # ~0.04: one block). The decision layout, field at ~93%, has both near 0.9.
+    hits = report["summary"]["field_early"]["overall"]["hit_rate"]
+    assert hits["erratum"]["hit_rate"] > 0.9
+    assert hits["in_prefix_edit"]["hit_rate"] < 0.1
+    assert report["summary"]["overall"]["hit_rate"]["in_prefix_edit"]["hit_rate"] > 0.8
 
 
 @pytest.mark.slow
@@ -164,9 +194,20 @@ def test_cases_change_the_rule_answer_both_ways() -> None:
         assert shots.count(f"{template.label}: yes") == shots.count(f"{template.label}: no") == 3
 
 
+def test_field_early_prompt_puts_the_record_first() -> None:
+    case = draw_cases(TEMPLATES[0], 1, seed=0)[0]
+    before, after = parts(case, body())
+    assert before.count("\n") <= 3 and before.endswith(f"{case.template.field}:")
+    assert after.endswith(SECTIONS[-1] + "\n\n") and case.template.rule in after
+    # ~1,000 tokens of static text by default, a prefix of it in the fast mode.
+    assert len(body()) > 4500 and body().startswith(body(FAST_SECTIONS))
+    assert len(body(FAST_SECTIONS)) < len(body()) / 2
+
+
 def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stop:
         main(["eval", "erratum", "--help"])
     assert stop.value.code == 0
     text = capsys.readouterr().out
-    assert all(f"--{name}" in text for name in ("model", "cases", "seed", "out", "fast"))
+    names = ("model", "cases", "early-cases", "seed", "out", "fast")
+    assert all(f"--{name}" in text for name in names)
