@@ -104,6 +104,7 @@ def _launch(python: Path, argv: list[str]) -> int:
 def _smoke(args: argparse.Namespace, argv: list[str]) -> int:
     from leyline.evals.demo.server import EmbeddedServer
 
-    with EmbeddedServer("smollm2", max_new_tokens=128) as server:
+    # `leyline serve`'s defaults, shared prefix cache included: the plain arms reuse prefixes.
+    with EmbeddedServer("smollm2", max_new_tokens=128, prefix_cache_bytes=1024**3) as server:
         print(f"smoke run: embedded leyline serve ({server.label}) at {server.base_url}")
         return _launch(args.python, ["--base-url", server.base_url, *argv])

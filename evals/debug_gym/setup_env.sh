@@ -34,35 +34,9 @@ requirements=(
 )
 nodeps=(debug-gym==1.3.0 swesmith==0.0.4)
 
-find_python() {
-  if [[ -n ${PYTHON312:-} ]]; then echo "$PYTHON312"; return; fi
-  local pyroot
-  pyroot=$( (command -v pyenv >/dev/null && pyenv root) || echo "$HOME/.pyenv")
-  local candidate
-  for candidate in "$pyroot"/versions/3.12*/bin/python3.12; do
-    [[ -x $candidate ]] && { echo "$candidate"; return; }
-  done
-  command -v python3.12 || { echo "no Python 3.12 found (set PYTHON312)" >&2; exit 1; }
-}
-
-if [[ ! -x $venv/bin/python ]]; then
-  py=$(find_python)
-  say "creating $venv with $py"
-  "$py" -m venv "$venv"
-else
-  say "reusing $venv ($("$venv/bin/python" --version))"
-fi
-pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-log=$venv/pip-install.log
-pip_install() {
-  # pip's output goes to a log: the resolver's complaints about swesmith's undeclared
-  # extras (jupyter, sglang, ...) are expected, since swesmith comes in with --no-deps.
-  if ! "${pip[@]}" install "$@" >>"$log" 2>&1; then
-    tail -n 30 "$log" >&2
-    echo "pip install failed; full log: $log" >&2
-    exit 1
-  fi
-}
+# shellcheck source=../../.ci/venv_lib.sh
+source "$root/.ci/venv_lib.sh"
+make_venv 3.12 "${PYTHON312:-}"
 
 # The stamp hashes the pins and pyproject.toml: a change to either reinstalls.
 stamp=$venv/.leyline-setup-stamp

@@ -33,34 +33,9 @@ requirements=(
 # The Leyline side: the SDK's own dependencies come with `-e .`; the tests need these.
 leyline_extras=(httpx tiktoken safetensors pytest hypothesis)
 
-find_python() {
-  if [[ -n ${PYTHON311:-} ]]; then echo "$PYTHON311"; return; fi
-  local pyroot candidate
-  pyroot=$( (command -v pyenv >/dev/null && pyenv root) || echo "$HOME/.pyenv")
-  for candidate in "$pyroot"/versions/3.11*/bin/python3.11; do
-    [[ -x $candidate ]] && { echo "$candidate"; return; }
-  done
-  command -v python3.11 || { echo "no Python 3.11 found (set PYTHON311)" >&2; exit 1; }
-}
-
-if [[ ! -x $venv/bin/python ]]; then
-  py=$(find_python)
-  say "creating $venv with $py"
-  "$py" -m venv "$venv"
-else
-  say "reusing $venv ($("$venv/bin/python" --version))"
-fi
-pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-log=$venv/pip-install.log
-pip_install() {
-  # pip's output goes to the log: the resolver's complaints about sglang's undeclared CUDA
-  # dependencies (flashinfer, sgl-kernel, torchvision, ...) are expected after --no-deps.
-  if ! "${pip[@]}" install "$@" >>"$log" 2>&1; then
-    tail -n 30 "$log" >&2
-    echo "pip install failed; full log: $log" >&2
-    exit 1
-  fi
-}
+# shellcheck source=../../.ci/venv_lib.sh
+source "$root/.ci/venv_lib.sh"
+make_venv 3.11 "${PYTHON311:-}"
 
 # The stamp hashes the pins and pyproject.toml: a change to either reinstalls.
 stamp=$venv/.leyline-setup-stamp
