@@ -16,22 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from leyline.evals.common.stats import wilson
+
 from .arms import CaseResult, Request
 
-Z95 = 1.959963984540054
 RECOVERY_ARMS = ("field_only", "erratum", "erratum_control", "no_edit")
-
-
-def wilson(successes: int, trials: int) -> tuple[float, float]:
-    """95% Wilson score interval; (0, 1) without trials. Stays in [0, 1] at rates 0 and 1."""
-    if trials == 0:
-        return 0.0, 1.0
-    p, z2 = successes / trials, Z95 * Z95
-    centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
-    half = Z95 * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials**2)) / (1 + z2 / trials)
-    low = 0.0 if successes == 0 else max(0.0, centre - half)
-    high = 1.0 if successes == trials else min(1.0, centre + half)
-    return low, high
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from leyline.cli.main import main
+from leyline.evals.common.stats import wilson
 from leyline.evals.erratum.body import FAST_SECTIONS, SECTIONS, body
 from leyline.evals.erratum.early import parts
-from leyline.evals.erratum.stats import wilson
 from leyline.evals.erratum.templates import TEMPLATES, draw_cases
 
 BLOCK = 16  # the prefix cache's block size (PrefixCache default)

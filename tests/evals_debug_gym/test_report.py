@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from leyline.evals.common.stats import wilson
 from leyline.evals.debug_gym.config import make_arms
 from leyline.evals.debug_gym.records import EpisodeResult, StopReason, TurnRecord
 from leyline.evals.debug_gym.report import SCRIPTED_BANNER, RunMeta, write_report
 from leyline.evals.debug_gym.server import ServerInfo, plan_arm
-from leyline.evals.debug_gym.stats import wilson
 from leyline.evals.debug_gym.summary import summarize
 
 

@@ -18,6 +18,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion
 
+from leyline.evals.common.stats import wilson
 from leyline.evals.debug_gym.config import DEFAULT_POLICY, RunConfig, make_arms
 from leyline.evals.debug_gym.gym_logger import quiet_logger
 from leyline.evals.debug_gym.llm import LeylineLLM
@@ -37,7 +38,6 @@ from leyline.evals.debug_gym.scripted import (
     scripted_completion,
 )
 from leyline.evals.debug_gym.server import ArmPlan
-from leyline.evals.debug_gym.stats import wilson
 from leyline.evals.debug_gym.tasks import load_tasks
 
 TASKS = ("shopping_cart", "purr", "config")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from leyline.evals.debug_gym.stats import Rate, Spread, difference, wilson
+from leyline.evals.common.stats import wilson
+from leyline.evals.debug_gym.stats import Rate, Spread, difference
 
 
 @pytest.mark.parametrize(
