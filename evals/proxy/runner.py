@@ -1,0 +1,242 @@
+"""One task in three arms, through ``LeylineOpenAI`` against an OpenAI-compatible server.
+
+Every arm replays the same agent episode turn by turn: after each tool output the agent
+asks the model (one token, greedy; the reply is then replaced by the next scripted call,
+as in ``leyline demo``), so the server caches each turn before the policy edits it. The
+last request adds the question; then the answer is scored (``scoring``):
+
+* on a Leyline server, by one ``/v1/completions`` request in the arm's own session whose
+  prompt is the session's cached prompt tokens (``GET /leyline/v1/sessions/{id}``) plus
+  an answer prefix ("The location of shipment SH-1234 is"): the server reuses the arm's
+  cache as it is (spliced KV included) and returns the next token's top-k. The chat route
+  cannot start the assistant's reply, and SmolLM2's reply starts with "The", not a value;
+* on any other server, from the first token of the chat reply to the question.
+
+* ``none``: no policy; the history as built (append-only).
+* ``reprefill``: ``TruncateOldToolOutputs(keep_last)``; the edited messages go plainly in a
+  session (``directives=False``): the server re-prefills from the first stub.
+* ``splice``: the same policy; its edits go as Leyline ``splice`` directives: the server
+  cuts each stale output and keeps the downstream KV (AMORTIZE). Against a server without
+  Leyline it runs as re-prefill (``CallRecord.leyline`` is False) and the report says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from leyline.evals.demo.agreement import approx_kl, first_token_top
+from leyline.policies import CallRecord, LeylineOpenAI, TruncateOldToolOutputs
+from leyline.protocol.client import LeylineClient
+
+from .scoring import Choice, choose
+from .tasks import Task
+
+ARMS: tuple[str, ...] = ("none", "reprefill", "splice")
+POLICY_ARMS: tuple[str, ...] = ("reprefill", "splice")
+OnCall = Callable[[str, CallRecord], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    model: str
+    keep_last: int = 2
+    top_logprobs: int = 20
+    session_prefix: str = "proxy"
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreCall:
+    """The request that scored the answer: how, and what the server did for it."""
+
+    method: str
+    """``answer-prefix`` (completions in the session) or ``chat-first-token``."""
+    path: str | None = None
+    prefilled: int | None = None
+    reused: int | None = None
+    prompt_digest: str | None = None
+    """SHA-256 of the cached prompt tokens that were scored (None: chat scoring)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArmResult:
+    """One arm on one task: its scored choice and what the server did per request."""
+
+    choice: Choice
+    top: list[tuple[str, float]] = field(repr=False)
+    records: list[CallRecord] = field(repr=False)
+    """The agent's requests (the middleware's records); the scoring request is ``score``."""
+    score: ScoreCall
+
+    def total(self, name: str) -> int:
+        """Sum of a token count (``prefilled_tokens``, ...) over the agent's requests."""
+        return sum(getattr(r, name) or 0 for r in self.records)
+
+    def paths(self) -> list[str | None]:
+        return [r.path for r in self.records]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.choice.to_json(),
+            "prefilled": self.total("prefilled_tokens"),
+            "reused": self.total("reused_tokens"),
+            "rotated": self.total("rotated_tokens"),
+            "paths": self.paths(),
+            "leyline": all(r.leyline for r in self.records),
+            "resyncs": [r.resync for r in self.records if r.resync],
+            "fallbacks": [r.fallback_reason for r in self.records if r.fallback_reason],
+            "score_call": {
+                "method": self.score.method,
+                "path": self.score.path,
+                "prefilled": self.score.prefilled,
+                "reused": self.score.reused,
+                "prompt_digest": self.score.prompt_digest,
+            },
+            "first_token_top": [[t, lp] for t, lp in self.top],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    task: Task
+    arms: dict[str, ArmResult]
+
+    @property
+    def choices_agree(self) -> bool:
+        """The splice and re-prefill arms chose the same candidate."""
+        return self.arms["splice"].choice.choice == self.arms["reprefill"].choice.choice
+
+    @property
+    def same_tokens(self) -> bool | None:
+        """Both policy arms scored the same cached tokens (None: not known, chat scoring)."""
+        a, b = (self.arms[name].score.prompt_digest for name in POLICY_ARMS)
+        return None if a is None or b is None else a == b
+
+    @property
+    def kl(self) -> float | None:
+        """KL(re-prefill || splice) of the answer token, over the re-prefill arm's top-k."""
+        return approx_kl(self.arms["reprefill"].top, self.arms["splice"].top)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.task.to_json(),
+            "choices_agree": self.choices_agree,
+            "same_tokens": self.same_tokens,
+            "kl": self.kl,
+            "arms": {name: arm.to_json() for name, arm in self.arms.items()},
+        }
+
+
+class ProxyRunner:
+    """Runs tasks against one server. ``leyline``: the server speaks Leyline (probed)."""
+
+    def __init__(
+        self,
+        client: openai.OpenAI,
+        settings: RunSettings,
+        *,
+        leyline: LeylineClient | None,
+        on_call: OnCall | None = None,
+    ) -> None:
+        self.client, self.settings, self.leyline, self.on_call = client, settings, leyline, on_call
+
+    def run(self, task: Task) -> TaskResult:
+        # Alternate the arm order per task so that no arm always runs on a warmer machine.
+        order = ARMS if task.index % 2 == 0 else ARMS[::-1]
+        prefix = self._prefix_tokens(task)
+        done = {name: self._arm(task, name, prefix) for name in order}
+        return TaskResult(task, {name: done[name] for name in ARMS})
+
+    def _prefix_tokens(self, task: Task) -> list[int] | None:
+        if self.leyline is None:
+            return None
+        return list(self.leyline.tokenize(task.answer_prefix).tokens)
+
+    def _arm(self, task: Task, arm: str, prefix: list[int] | None) -> ArmResult:
+        settings = self.settings
+        policy = None
+        if arm in POLICY_ARMS:
+            policy = TruncateOldToolOutputs(keep_last=settings.keep_last)
+        wrapper = LeylineOpenAI(
+            self.client,
+            policy,
+            session=f"{settings.session_prefix}-{task.index}-{arm}",
+            directives=arm == "splice",
+        )
+        messages = task.opening()
+        try:
+            for turn in range(1, len(task.turns) + 1):
+                messages += task.tool_turn(turn)
+                self._ask(wrapper, arm, messages)
+            messages.append(task.question_message())
+            completion = self._ask(wrapper, arm, messages, settings.top_logprobs)
+            if prefix is not None and wrapper.records[-1].leyline:
+                top, score = self._score_in_session(wrapper, prefix)
+            else:
+                top, score = first_token_top(completion), ScoreCall("chat-first-token")
+        finally:
+            wrapper.close()
+        choice = choose(top, task.candidates, task.answer)
+        return ArmResult(choice, top, list(wrapper.records), score)
+
+    def _ask(
+        self,
+        wrapper: LeylineOpenAI,
+        arm: str,
+        messages: list[dict[str, Any]],
+        top_logprobs: int = 0,
+    ) -> Any:
+        """One greedy token (the agent's turn); with ``top_logprobs``, its top-k too.
+
+        No tool list is sent: the calls are scripted, and the list would add ~100 prompt
+        tokens to every arm (the calls in the history render the same without it).
+        """
+        scoring: dict[str, Any] = {}
+        if top_logprobs:
+            scoring = {"logprobs": True, "top_logprobs": top_logprobs}
+        completion = wrapper.chat.completions.create(
+            model=self.settings.model,
+            messages=messages,
+            max_tokens=1,
+            temperature=0,
+            **scoring,
+        )
+        if self.on_call is not None:
+            self.on_call(arm, wrapper.records[-1])
+        return completion
+
+    def _score_in_session(
+        self, wrapper: LeylineOpenAI, prefix: list[int]
+    ) -> tuple[list[tuple[str, float]], ScoreCall]:
+        """The next token's top-k after the answer prefix, on the arm's own cache."""
+        assert self.leyline is not None
+        record = wrapper.records[-1]
+        info = self.leyline.get_session(wrapper.session, include_tokens=True)
+        if record.prompt_tokens is None or info.tokens is None:
+            raise RuntimeError(f"session {wrapper.session}: no prompt length or tokens reported")
+        # The cache holds the prompt and the one generated token: drop the latter.
+        prompt = list(info.tokens)[: record.prompt_tokens]
+        completion = self.client.completions.create(
+            model=self.settings.model,
+            prompt=prompt + prefix,
+            max_tokens=1,
+            temperature=0,
+            logprobs=self.settings.top_logprobs,
+            extra_body={"leyline": {"session": wrapper.session}},
+        )
+        logprobs = completion.choices[0].logprobs
+        top = dict(logprobs.top_logprobs[0]) if logprobs and logprobs.top_logprobs else {}
+        report = (completion.model_extra or {}).get("leyline") or {}
+        score = ScoreCall(
+            "answer-prefix",
+            report.get("path"),
+            report.get("prefilled_tokens"),
+            report.get("reused_tokens"),
+            hashlib.sha256(json.dumps(prompt).encode()).hexdigest(),
+        )
+        return sorted(top.items(), key=lambda item: -item[1]), score
