@@ -46,9 +46,10 @@ sdk-check:
 
 # debug-gym needs Python 3.12 and its own pins: a separate venv (.venv-debuggym), then the
 # harness's tests there (a scripted LLM solves real mini_nightmare tasks).
-debug-gym-check:
+debug-gym-check: setup
 	bash evals/debug_gym/setup_env.sh
 	.venv-debuggym/bin/python -m pytest -q -p no:cacheprovider tests/evals_debug_gym
+	$(BIN)/leyline eval debug-gym --fast --no-progress --out results/ci-debug-gym-fast
 
 # The SGLang plugin: SGLang 0.5.23's cache classes on CPU torch in their own venv
 # (.venv-sglang), then the plugin's tests against them (docs/sglang.md).
