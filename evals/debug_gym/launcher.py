@@ -87,8 +87,12 @@ def run(args: argparse.Namespace) -> int:
     return _launch(args.python, argv)
 
 
+def in_debug_gym_venv() -> bool:
+    return importlib.util.find_spec("debug_gym") is not None
+
+
 def _launch(python: Path, argv: list[str]) -> int:
-    if importlib.util.find_spec("debug_gym") is not None:  # already in the debug-gym venv
+    if in_debug_gym_venv():
         return harness.main(argv)
     if not python.exists():
         print(

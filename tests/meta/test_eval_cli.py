@@ -58,9 +58,13 @@ def test_debug_gym_launcher_passes_on_only_the_options_set() -> None:
     assert again.runs == 5 and again.scripted and again.base_url == "http://h:1/v1"
 
 
-def test_debug_gym_without_its_venv_is_a_clear_error(tmp_path: Path) -> None:
-    if importlib.util.find_spec("debug_gym") is not None:
-        pytest.skip("runs in the debug-gym venv itself")
-    done = leyline("eval", "debug-gym", "--fast", "--python", str(tmp_path / "missing"))
-    assert done.returncode == 2
-    assert "setup_env.sh" in done.stderr and "missing" in done.stderr
+def test_debug_gym_without_its_venv_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(launcher, "in_debug_gym_venv", lambda: False)  # as in the main venv
+    parser = argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    args = parser.parse_args(["--fast", "--python", str(tmp_path / "missing")])
+    assert launcher.run(args) == 2
+    err = capsys.readouterr().err
+    assert "setup_env.sh" in err and "missing" in err
