@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from leyline.evals.common.messages import tool_exchange
+
 SYSTEM = (
     "You are a careful coding agent. You inspect a small Python project with the tools "
     "list_files, read_file and grep, then explain the cause of the bug you were asked about."
@@ -34,20 +36,6 @@ class ToolStep:
     def label(self) -> str:
         args = ", ".join(self.arguments.values())
         return f"{self.tool}({args})"
-
-    def message(self, call_id: str) -> dict[str, Any]:
-        """The assistant message that makes this call."""
-        return {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": self.tool, "arguments": json.dumps(self.arguments)},
-                }
-            ],
-        }
 
 
 SCRIPT: tuple[ToolStep, ...] = (
@@ -76,6 +64,6 @@ def tool_turn(run_tool: Callable[[str, str], str], turn: int) -> list[dict[str, 
 
     ``run_tool(name, arguments_json)`` runs the tool, e.g. ``ProjectTools.run``.
     """
-    step, call_id = SCRIPT[turn - 1], f"call_{turn}"
+    step = SCRIPT[turn - 1]
     output = run_tool(step.tool, json.dumps(step.arguments))
-    return [step.message(call_id), {"role": "tool", "tool_call_id": call_id, "content": output}]
+    return tool_exchange(turn, step.tool, step.arguments, output)

@@ -78,6 +78,7 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
             overhead = measure_overhead(app, base_url, reps, f"mech-{stamp}", show_progress=show)
     table = summarize(samples)
     facts = overall(samples)
+    pool_facts = _pool_facts(pool)
     wall = time.perf_counter() - t0
     report = Report(
         name="mechanism",
@@ -93,13 +94,13 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
             "loadavg_after": os.getloadavg(),
         },
         "wall_s": wall,
-        "pool": _pool_facts(pool),
+        "pool": pool_facts,
         "overall": facts,
         "summary": table,
         "overhead": overhead,
         "samples": [asdict(s) for s in samples],
     }
-    report.section("Trajectories replayed", pool_table(_pool_facts(pool)))
+    report.section("Trajectories replayed", pool_table(pool_facts))
     report.section("Per concurrency level", QUEUE_NOTE + "\n\n" + latency_table(table))
     report.section("Ratios and agreement", ratio_table(table) + "\n\n" + _overall_text(facts))
     if overhead is not None:

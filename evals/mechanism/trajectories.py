@@ -19,6 +19,8 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
+from leyline.evals.common.messages import tool_exchange
+
 SOURCES = ("synthetic", "debug-gym", "demo")
 
 BUNDLED_DEBUG_GYM = "debug_gym_scripted.json"
@@ -51,16 +53,8 @@ class Trajectory:
 
     def turn(self, turn: int) -> list[dict[str, Any]]:
         """Turn ``turn`` (1-based): the assistant's call and the tool's output."""
-        call, call_id = self.calls[turn - 1], f"call_{turn}"
-        function = {"name": call.name, "arguments": json.dumps(call.arguments)}
-        return [
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [{"id": call_id, "type": "function", "function": function}],
-            },
-            {"role": "tool", "tool_call_id": call_id, "content": call.output},
-        ]
+        call = self.calls[turn - 1]
+        return tool_exchange(turn, call.name, call.arguments, call.output)
 
     def tool_specs(self) -> list[dict[str, Any]]:
         """An OpenAI tool list naming every tool the trajectory calls (rendered in the prompt)."""

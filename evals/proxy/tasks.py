@@ -19,10 +19,11 @@ space, so the first answer token names the candidate (see ``scoring``).
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from leyline.evals.common.messages import tool_exchange
 
 DistractorMode = Literal["repeat", "mixed"]
 """``repeat``: every stale poll shows the same distractor (frequency pulls the wrong way);
@@ -155,16 +156,8 @@ class Task:
 
     def tool_turn(self, turn: int) -> list[dict[str, Any]]:
         """Tool turn ``turn`` (1-based): the assistant's call and the tool's output."""
-        step, call_id = self.turns[turn - 1], f"call_{turn}"
-        call = {
-            "id": call_id,
-            "type": "function",
-            "function": {"name": step.tool, "arguments": json.dumps(step.arguments)},
-        }
-        return [
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": call_id, "content": step.output},
-        ]
+        step = self.turns[turn - 1]
+        return tool_exchange(turn, step.tool, step.arguments, step.output)
 
     def question_message(self) -> dict[str, Any]:
         return {"role": "user", "content": self.question}
