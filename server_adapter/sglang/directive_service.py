@@ -28,6 +28,7 @@ from leyline.protocol import (
     apply_edits,
     resolve_batch,
 )
+from leyline.protocol.algebra import Edit
 from leyline.server_adapter.errors import SpliceUnsupportedError
 
 from .wire import LeylineSpliceReqInput, LeylineSpliceReqOutput
@@ -118,7 +119,7 @@ class DirectiveService:
         session: str,
         record: SessionRecord,
         new: tuple[int, ...],
-        edits: Sequence[object],
+        edits: Sequence[Edit],
         allow_fallback: bool,
         first_change: int,
     ) -> LeylineResponse:
@@ -144,10 +145,8 @@ class DirectiveService:
             await self.link.prefill(new[: out.pending_prefill])
 
     @staticmethod
-    def _request(
-        verb: str, tokens: Sequence[int], edits: Sequence[object]
-    ) -> LeylineSpliceReqInput:
-        wire = [(e.start, e.end, list(e.replacement)) for e in edits]  # type: ignore[attr-defined]
+    def _request(verb: str, tokens: Sequence[int], edits: Sequence[Edit]) -> LeylineSpliceReqInput:
+        wire = [(e.start, e.end, list(e.replacement)) for e in edits]
         return LeylineSpliceReqInput(verb=verb, old_tokens=list(tokens), edits=wire)
 
     @staticmethod
