@@ -1,1 +1,1 @@
-"""leyline eval proxy (being built)."""
+"""``leyline eval proxy``: stale tool outputs as distractors, with and without the policy."""
