@@ -74,10 +74,18 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    try:
+        import uvicorn
 
-    from leyline.server_adapter.http.serve import build_app
-    from leyline.server_adapter.http.settings import ServerSettings
+        from leyline.server_adapter.http.serve import build_app
+        from leyline.server_adapter.http.settings import ServerSettings
+    except ModuleNotFoundError as exc:  # an SDK-only install has no server stack
+        print(
+            f"leyline serve: needs the server extras ({exc.name} is not installed): "
+            "pip install 'leyline[server]'",
+            file=sys.stderr,
+        )
+        return 2
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:

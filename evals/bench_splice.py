@@ -35,6 +35,7 @@ from leyline.server_adapter.allocator import retain_freed_memory
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.kv_blocks import kv_nbytes
 from leyline.server_adapter.rope import rotate_into
+from leyline.server_adapter.session import SessionCache
 
 STUB_TEXT = " [tool output elided: 300 tokens of a directory listing, no longer needed] "
 
@@ -108,7 +109,7 @@ def bench_context(engine: Engine, n: int, args: argparse.Namespace) -> ContextRo
     start = int(n * args.edit_at)
     end = min(start + args.span, n - 1)
     stub = stub_tokens(engine, args.stub)
-    base = engine.create_session()
+    base = SessionCache(engine)
     t0 = time.perf_counter()
     base.prefill(tokens)
     prefill_s = time.perf_counter() - t0
@@ -131,7 +132,7 @@ def bench_context(engine: Engine, n: int, args: argparse.Namespace) -> ContextRo
             arms[name].append(timed(lambda: fork.apply_edits([edit], want_logits=want_logits)))
             return fork.next_token_logits()
         finally:
-            engine.close_session(fork.id)
+            fork.release()
             gc.collect()
 
     for _ in range(args.runs):
@@ -142,7 +143,7 @@ def bench_context(engine: Engine, n: int, args: argparse.Namespace) -> ContextRo
         run(Edit(start, end, (), Mode.amortize), "delete")
         run(Edit(start, end, (), Mode.amortize), "delete_logits", want_logits=True)
         run(Edit(start, end, (), Mode.forget), "delete_reprefill")
-    engine.close_session(base.id)
+    base.release()
     med = {k: statistics.median(v) for k, v in arms.items()}
     return ContextRow(
         n,
@@ -168,10 +169,10 @@ def bench_rotation(engine: Engine, n: int, runs: int) -> dict[str, float]:
     """
     assert engine.layout is not None and engine.rope is not None
     layout, rope = engine.layout, engine.rope
-    session = engine.create_session()
+    session = SessionCache(engine)
     session.prefill(document(engine, n))
     src = [layer[layout.slot].contiguous() for layer in session.kv]
-    engine.close_session(session.id)
+    session.release()
     dst = [torch.empty_like(t) for t in src]
     nbytes = sum(t.numel() * t.element_size() for t in src)
 
@@ -239,14 +240,14 @@ def memory_child(model: str, n: int, span: int, stub: int) -> None:
     """In a fresh process: resident memory over the loaded model, sampled during a prefill
     of ``n`` tokens and a splice of that session (the session's own KV included)."""
     engine = Engine.load(model)
-    warm = engine.create_session()
+    warm = SessionCache(engine)
     warm.prefill(document(engine, 64))
-    engine.close_session(warm.id)
+    warm.release()
     tokens = document(engine, n)
     gc.collect()
     sampler = RssSampler()
     base = sampler.rss()
-    session = engine.create_session()
+    session = SessionCache(engine)
     with sampler:
         session.prefill(tokens)
     prefill_peak, held = sampler.peak, sampler.rss()

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from .algebra import Edit, apply_edits
-from .capabilities import PROTOCOL_VERSION, is_compatible
+from .capabilities import PROTOCOL_VERSION, Capabilities, is_compatible
 from .client import LeylineClient
 from .directives import Mode, Verb
-from .errors import ErrorCode, LeylineError
+from .errors import ErrorCode, ErrorEnvelope, LeylineError
 from .resources import Routes, SessionInfo
 
 _TEXT = (
@@ -46,6 +47,7 @@ def _expect(condition: bool, detail: str) -> None:
 
 class ConformanceSuite:
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 300) -> None:
+        self.base_url = base_url
         self.client = LeylineClient(base_url, api_key=api_key, timeout=timeout)
         self._raw = httpx.Client(
             base_url=base_url,
@@ -71,14 +73,38 @@ class ConformanceSuite:
         ]
 
     def run(self) -> list[CheckResult]:
+        if (refused := self.probe()) is not None:
+            return [refused]  # every check would fail the same way
         results = []
         for name, check in self.checks():
             try:
                 check()
                 results.append(CheckResult(name, True))
-            except (_Failed, LeylineError, httpx.HTTPError, ValueError) as exc:
+            except Exception as exc:  # a check that crashes fails; the suite goes on
                 results.append(CheckResult(name, False, f"{type(exc).__name__}: {exc}"))
         return results
+
+    def probe(self) -> CheckResult | None:
+        """One request first, so a wrong URL is one clear failure rather than twelve."""
+        name, path = "the server speaks Leyline", Routes.capabilities
+        try:
+            reply = self._raw.get(path)
+        except httpx.HTTPError as exc:
+            return CheckResult(name, False, f"cannot connect to {self.base_url}: {exc}")
+        try:
+            if reply.is_success:
+                Capabilities.model_validate_json(reply.content)
+                return None
+            error = ErrorEnvelope.model_validate_json(reply.content).error
+        except ValidationError:
+            kind = reply.headers.get("content-type", "no content type")
+            return CheckResult(
+                name,
+                False,
+                f"not a Leyline server: GET {path} answered HTTP {reply.status_code} ({kind}) "
+                "without the protocol's body",
+            )
+        return CheckResult(name, False, f"GET {path} answered {error.code}: {error.message}")
 
     def close(self) -> None:
         self.client.close()

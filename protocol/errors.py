@@ -39,6 +39,14 @@ class ErrorCode(StrEnum):
     incompatible_version = "incompatible_version"
     unauthorized = "unauthorized"
     """The server requires an API key and the request carried none or a wrong one."""
+    splice_refused = "splice_refused"
+    """The engine cannot splice exactly here and the request set ``allow_fallback: false``."""
+    not_found = "not_found"
+    """No route at that path."""
+    method_not_allowed = "method_not_allowed"
+    """The route exists but not for that HTTP method (the ``Allow`` header lists them)."""
+    internal_error = "internal_error"
+    """The server failed on its own, not because of the request; the server logged it."""
 
 
 #: The HTTP status a server answers with for each code.
@@ -58,6 +66,10 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.limit_exceeded: 413,
     ErrorCode.incompatible_version: 400,
     ErrorCode.unauthorized: 401,
+    ErrorCode.splice_refused: 422,
+    ErrorCode.not_found: 404,
+    ErrorCode.method_not_allowed: 405,
+    ErrorCode.internal_error: 500,
 }
 
 

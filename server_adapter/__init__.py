@@ -1,9 +1,12 @@
 """The serving side: the reference torch engine (and, beside it, the HTTP server).
 
-Follow one directive: ``engine.Engine`` (model, RoPE, cache layout, sessions) ->
-``session.SessionCache.apply_directives`` (resolve with the protocol) -> ``apply_edits``
-(the protocol's algebra) -> ``edit_executor.run_edits`` (splice or re-prefill) ->
-``splice.execute_edit`` (runs -> KV) -> ``rope.rotate_into`` (keys moved by delta).
+Follow one directive over HTTP: ``core.routes`` -> ``core.service.SessionService.apply``
+(lease the session) -> ``core.batch.plan_batch`` (revision, resolve, limits, the protocol's
+algebra, span remapping: every rule, once, for both backends) -> ``Backend.execute``:
+here ``engine_backend.EngineBackend`` -> ``session.SessionCache.execute`` ->
+``edit_paths.run_edits`` (splice or re-prefill) -> ``run_executor.execute_edit`` (runs ->
+KV) -> ``rope.rotate_into`` (keys moved by delta). ``engine.Engine`` holds the model, its
+RoPE and cache layout and the shared prefix cache; the SGLang plugin is the other backend.
 
 The heavy names are imported lazily, so ``import leyline.server_adapter.<light module>``
 does not pull in torch.

@@ -1,9 +1,11 @@
-"""The reference engine: one model, its RoPE and cache layout, sessions, a shared prefix cache."""
+"""The reference engine: one model, its RoPE and cache layout, a shared prefix cache.
+
+Sessions are ``session.SessionCache`` objects over an engine; the server keeps them in the
+backend-neutral session core (``core.sessions``) through ``engine_backend``.
+"""
 
 from __future__ import annotations
 
-import threading
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,7 +21,6 @@ from .layouts import CacheLayout, detect_layout
 from .models import LoadedModel, load_model
 from .prefix_cache import PrefixCache
 from .rope import RopeSpec, rope_spec
-from .session import SessionCache
 
 
 class Engine:
@@ -53,8 +54,6 @@ class Engine:
             self.layout = detect_layout(self.model, self.rope)
         except SpliceUnsupportedError as exc:
             self.splice_refusal = exc
-        self._sessions: dict[str, SessionCache] = {}
-        self._lock = threading.Lock()
 
     @classmethod
     def load(
@@ -98,37 +97,3 @@ class Engine:
         if self.tokenizer is None:
             return " ".join(str(t) for t in tokens)
         return str(self.tokenizer.decode(list(tokens), skip_special_tokens=False))
-
-    # -- sessions --------------------------------------------------------------------
-
-    def create_session(self, session_id: str | None = None) -> SessionCache:
-        sid = session_id or uuid.uuid4().hex
-        with self._lock:
-            if sid in self._sessions:
-                raise LeylineError(
-                    ErrorCode.invalid_directive, f"session {sid!r} already exists", "session"
-                )
-            cap = self.limits.max_sessions
-            if cap is not None and len(self._sessions) >= cap:
-                raise LeylineError(
-                    ErrorCode.limit_exceeded, f"this server holds at most {cap} sessions"
-                )
-            session = SessionCache(self, sid)
-            self._sessions[sid] = session
-        return session
-
-    def session(self, session_id: str) -> SessionCache:
-        with self._lock:
-            found = self._sessions.get(session_id)
-        if found is None:
-            raise LeylineError(
-                ErrorCode.unknown_session, f"no session {session_id!r} (expired?)", "session"
-            )
-        return found
-
-    def close_session(self, session_id: str) -> None:
-        with self._lock:
-            session = self._sessions.pop(session_id, None)
-        if session is None:
-            raise LeylineError(ErrorCode.unknown_session, f"no session {session_id!r}", "session")
-        session.release()

@@ -27,7 +27,7 @@ from leyline.protocol.fallback import FallbackReason
 
 from .errors import SpliceUnsupportedError
 from .forward import prefill_at
-from .kv_blocks import KVCache, LayerKV
+from .kv_blocks import LayerKV
 from .rope import Pairing, RopeSpec, delta_rotate
 
 LayoutKind = Literal["gqa", "mla-latent", "mla-full-keys"]
@@ -45,20 +45,6 @@ class CacheLayout:
     offset: int
     width: int
     pairing: Pairing
-
-    def rotate_layer(self, layer: LayerKV, delta: int, inv_freq: torch.Tensor) -> LayerKV:
-        """``layer`` with its band rotated by ``delta`` (a new tensor); the other tensor is
-        returned as the same object, so values and MLA latents stay bitwise unchanged."""
-        if delta == 0:
-            return layer
-        out = list(layer)
-        out[self.slot] = delta_rotate(
-            layer[self.slot], delta, inv_freq, self.pairing, offset=self.offset
-        )
-        return tuple(out)
-
-    def rotate(self, kv: KVCache, delta: int, inv_freq: torch.Tensor) -> KVCache:
-        return tuple(self.rotate_layer(layer, delta, inv_freq) for layer in kv)
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

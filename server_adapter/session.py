@@ -12,37 +12,42 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import torch
 
-from leyline.protocol.algebra import Edit, apply_edits
-from leyline.protocol.directives import Directive, Mode, Verb
+from leyline.protocol.algebra import Edit
+from leyline.protocol.directives import Directive, Verb
 from leyline.protocol.envelope import Path
 from leyline.protocol.errors import ErrorCode, LeylineError
-from leyline.protocol.resolve import resolve_batch
 from leyline.protocol.spans import MessageSpan
 
-from .edit_executor import run_edits
+from .core.batch import (
+    EditPlan,
+    SessionView,
+    check_tokens,
+    common_prefix,
+    plan_batch,
+    plan_edits,
+)
+from .edit_paths import run_edits
+from .engine import Engine
 from .generation import OnToken, decode_loop
 from .kv_blocks import KVCache
-from .message_spans import remap_spans
 from .prefix_cache import LockHandle
 from .reports import GenerationResult, OpReport
+from .run_executor import slice_kv
 from .sampling import SamplingParams
-from .session_state import SessionState, check_tokens, common_prefix
-from .splice import slice_kv
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from .session_state import SessionState
 
 EXECUTED_VERBS = (Verb.splice, Verb.forget, Verb.erratum)
 
 
 class SessionCache:
-    def __init__(self, engine: Engine, session_id: str) -> None:
+    """One cached sequence on the reference engine: standalone (benchmarks, evals) or as
+    the handle of a core session (``engine_backend``)."""
+
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.id = session_id
         self._state = SessionState()
         self._lock = threading.RLock()
         self._handle: LockHandle | None = None  # our exact prefix, held in the prefix cache
@@ -68,6 +73,11 @@ class SessionCache:
     @property
     def kv(self) -> KVCache:
         return self._state.kv
+
+    @property
+    def view(self) -> SessionView:
+        state = self._state
+        return SessionView(state.tokens, state.revision, state.spans)
 
     # -- prefill -------------------------------------------------------------------------
 
@@ -191,23 +201,18 @@ class SessionCache:
         allow_fallback: bool = True,
         want_logits: bool = False,
     ) -> OpReport:
-        """Resolve a protocol batch (anchors, text) and apply it; see :meth:`apply_edits`."""
+        """Plan a protocol batch (anchors, text; every rule checked) and execute it."""
         with self._lock:
-            self._check_revision(base_revision)
-            batch = resolve_batch(
+            plan = plan_batch(
+                self.view,
                 directives,
-                length=len(self._state.tokens),
                 tokenize=self.engine.encode,
-                spans=self._state.spans,
                 limits=self.engine.limits,
+                vocab_size=self.engine.vocab_size,
                 supported=EXECUTED_VERBS,
-            )
-            return self.apply_edits(
-                batch.edits,
                 base_revision=base_revision,
-                allow_fallback=allow_fallback,
-                want_logits=want_logits,
             )
+            return self.execute(plan, allow_fallback=allow_fallback, want_logits=want_logits)
 
     def apply_edits(
         self,
@@ -217,71 +222,56 @@ class SessionCache:
         allow_fallback: bool = True,
         want_logits: bool = False,
     ) -> OpReport:
-        """Apply resolved edits all-or-nothing; returns what ran (splice / reprefill).
+        """Plan resolved token edits (every rule checked) and execute them."""
+        with self._lock:
+            plan = plan_edits(
+                self.view,
+                edits,
+                limits=self.engine.limits,
+                vocab_size=self.engine.vocab_size,
+                base_revision=base_revision,
+            )
+            return self.execute(plan, allow_fallback=allow_fallback, want_logits=want_logits)
+
+    def execute(
+        self, plan: EditPlan, *, allow_fallback: bool = True, want_logits: bool = False
+    ) -> OpReport:
+        """Execute a checked plan all-or-nothing; returns what ran (splice / reprefill).
 
         ``want_logits``: also compute the next-token logits now (one decode step inside the
         splice's own buffer) rather than on first use, which would copy the new KV once.
 
         Raises:
-            LeylineError: a rule broken (revision, limits, spans); nothing changed.
+            LeylineError: ``revision_conflict`` if the session moved since the plan.
             SpliceUnsupportedError: the splice cannot run exactly and ``allow_fallback`` is
                 false; nothing changed.
         """
         with self._lock:
             t0 = time.perf_counter()
-            self._check_revision(base_revision)
             state = self._state
-            # Mode(...) also accepts plain strings; the algebra compares modes by identity.
-            edits = [
-                Edit(e.start, e.end, tuple(e.replacement), Mode(e.mode), e.index) for e in edits
-            ]
-            self._check_limits(edits)
-            result = apply_edits(state.tokens, edits)
-            check_tokens(result.tokens, self.engine.vocab_size, self.engine.limits, "directives")
-            if result.is_identity:
+            if plan.base != self.view:
+                raise LeylineError(
+                    ErrorCode.revision_conflict,
+                    f"the batch was planned against revision {plan.base.revision}; the "
+                    f"session is at {state.revision}",
+                    "base_revision",
+                )
+            if plan.is_identity:
                 n = len(state.tokens)
                 return _timed(OpReport(Path.splice, state.revision, n, 0, first_change=n), t0)
-            forgets = [e.start for e in edits if e.mode is Mode.forget]
             new, report = run_edits(
                 self.engine,
                 self._complete(state),
-                result,
-                forget=bool(forgets),
+                plan.result,
+                forget=plan.forget_from is not None,
                 allow_fallback=allow_fallback,
                 want_logits=want_logits,
             )
-            spans = remap_spans(state.spans, edits)
             new = SessionState(
-                new.tokens, new.kv, new.logits, state.revision + 1, spans, new.exact_length
+                new.tokens, new.kv, new.logits, state.revision + 1, plan.spans, new.exact_length
             )
-            self._commit(new, purge_from=min(forgets) if forgets else None, old=state.tokens)
+            self._commit(new, purge_from=plan.forget_from, old=state.tokens)
             return _timed(report, t0)
-
-    def _check_revision(self, base_revision: int | None) -> None:
-        if base_revision is not None and base_revision != self._state.revision:
-            raise LeylineError(
-                ErrorCode.revision_conflict,
-                f"batch addressed revision {base_revision}; the session is at "
-                f"{self._state.revision}: re-read its tokens and spans",
-                "base_revision",
-            )
-
-    def _check_limits(self, edits: Sequence[Edit]) -> None:
-        limits = self.engine.limits
-        if limits.max_directives is not None and len(edits) > limits.max_directives:
-            raise LeylineError(
-                ErrorCode.too_many_directives,
-                f"{len(edits)} edits; at most {limits.max_directives}",
-                "directives",
-            )
-        cap = limits.max_replacement_tokens
-        for e in edits:
-            if cap is not None and len(e.replacement) > cap:
-                raise LeylineError(
-                    ErrorCode.replacement_too_long,
-                    f"replacement of {len(e.replacement)} tokens; at most {cap}",
-                    f"directives[{e.index}].replacement",
-                )
 
     def _complete(self, state: SessionState) -> SessionState:
         """``state`` with KV for every token (pending ones prefilled); not committed."""
@@ -315,11 +305,11 @@ class SessionCache:
         if previous is not None:
             cache.unlock(previous)
 
-    def fork(self, session_id: str | None = None) -> SessionCache:
+    def fork(self) -> SessionCache:
         """A new session starting from this one's state (tensors are shared, never written:
         the two then evolve independently). For branching agents and for benchmarks."""
         with self._lock:
-            other = self.engine.create_session(session_id)
+            other = SessionCache(self.engine)
             other._commit(self._state)
             return other
 

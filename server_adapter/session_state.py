@@ -7,13 +7,10 @@ nothing: tokens, KV and revision stay bitwise as they were.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from leyline.protocol.capabilities import Limits
-from leyline.protocol.errors import ErrorCode, LeylineError
 from leyline.protocol.spans import MessageSpan
 
 from .forward import kv_length
@@ -38,29 +35,3 @@ class SessionState:
     @property
     def kv_length(self) -> int:
         return kv_length(self.kv)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-def check_tokens(tokens: Sequence[int], vocab_size: int, limits: Limits, field: str) -> None:
-    """Token ids in the vocabulary and a sequence within the session limit."""
-    cap = limits.max_session_tokens
-    if cap is not None and len(tokens) > cap:
-        raise LeylineError(
-            ErrorCode.session_too_long,
-            f"the sequence would be {len(tokens)} tokens; this model takes at most {cap}",
-            field,
-        )
-    bad = [t for t in tokens if not 0 <= t < vocab_size]
-    if bad:
-        raise LeylineError(
-            ErrorCode.invalid_directive,
-            f"token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})",
-            field,
-        )

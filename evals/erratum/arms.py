@@ -158,14 +158,14 @@ class Runner:
         # Rule and solved examples do not depend on the case: prefilled once per template.
         if template.name not in self._heads:
             tokens = self.engine.encode(template.head())
-            session = self.engine.create_session()
+            session = SessionCache(self.engine)
             session.prefill(tokens)
             self._heads[template.name] = (tokens, session)
         return self._heads[template.name]
 
     def close(self) -> None:
         for _, session in self._heads.values():
-            self.engine.close_session(session.id)
+            session.release()
         self._heads.clear()
 
     def run(self, case: Case) -> CaseResult:
@@ -250,7 +250,7 @@ class Runner:
             margins["no_edit"], sizes["no_edit"] = decide(base)
         finally:
             for session in opened:
-                eng.close_session(session.id)
+                session.release()
 
         requests = self.send_requests(p_old, p_new, notes["erratum"], question)
         assert erratum_op is not None
@@ -294,12 +294,12 @@ class Runner:
         sessions: list[SessionCache] = []
         try:
             for tokens in (p_old + question, p_old + note + question, p_new + question):
-                session = self.cached.create_session()
+                session = SessionCache(self.cached)
                 sessions.append(session)
                 report = session.prefill(tokens)
                 out.append((Request.of(report), self.options.margin(session.next_token_logits())))
         finally:
             # Closing releases each session's hold; the blocks stay cached (LRU) for reuse.
             for session in sessions:
-                self.cached.close_session(session.id)
+                session.release()
         return out

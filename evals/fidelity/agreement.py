@@ -21,7 +21,8 @@ from leyline.protocol.directives import Mode
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.kv_blocks import KVCache
 from leyline.server_adapter.rope import RopeSpec
-from leyline.server_adapter.splice import execute_edit
+from leyline.server_adapter.run_executor import execute_edit
+from leyline.server_adapter.session import SessionCache
 
 from .measures import kl
 from .tokens import TokenizedPrompt
@@ -79,7 +80,7 @@ class Compared:
 
 
 def compare_prompt(engine: Engine, tp: TokenizedPrompt) -> Compared:
-    session = engine.create_session()
+    session = SessionCache(engine)
     try:
         session.prefill(tp.tokens)
         full = session.next_token_logits()
@@ -93,7 +94,7 @@ def compare_prompt(engine: Engine, tp: TokenizedPrompt) -> Compared:
             raise AssertionError(f"{tp.prompt.id}: the splice produced other tokens")
         control = _unrotated_splice_logits(engine, original_kv, tp, edit)
     finally:
-        engine.close_session(session.id)
+        session.release()
     record = PromptRecord(
         id=tp.prompt.id,
         kind=tp.prompt.kind,

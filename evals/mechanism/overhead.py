@@ -14,6 +14,7 @@ import httpx
 
 from leyline.evals.common import progress
 from leyline.protocol.resources import Routes
+from leyline.server_adapter.session import SessionCache
 
 from .trajectories import demo_trajectory
 
@@ -48,6 +49,7 @@ def measure_overhead(
     ``LeylineService.run`` (same thread, same queue hop), without HTTP, JSON or pydantic.
     Nothing else is in flight.
     """
+    from leyline.server_adapter.core.sessions import DEFAULT_TENANT
     from leyline.server_adapter.http.openai_types import ChatCompletionRequest
 
     service = app.state.service
@@ -80,12 +82,12 @@ def measure_overhead(
         pairs = {
             "session_info": (
                 partial(http.get, info_url),
-                lambda: service.session_info(service.sessions.get(session)),
+                lambda: service.session_info(service.sessions.get(DEFAULT_TENANT, session)),
             ),
             "tokenize": (partial(http.post, Routes.tokenize, json=tok_body), on_worker(render)),
             "chat_max_tokens_1": (
                 partial(http.post, "/v1/chat/completions", json=body),
-                on_worker(partial(service.chat, request)),
+                lambda: loop.run_until_complete(service.chat(request)),
             ),
         }
         results = {name: Overhead() for name in [*pairs, "splice_directive"]}
@@ -129,7 +131,7 @@ def _splice_pair(
     span = {"start": n // 3, "end": n // 3 + n // 4}
     directive = {"verb": "splice", "span": span, "replacement": "[evicted: tool output]"}
     batch = [SpliceDirective.model_validate(directive)]
-    base = service.engine.create_session(f"{run_id}-ovh-base")
+    base = SessionCache(service.engine)
     base.prefill(tokens)
 
     def rep(i: int, out: Overhead) -> None:
@@ -140,9 +142,9 @@ def _splice_pair(
             _ms(partial(http.post, Routes.directives.format(session=sid), json=apply))
         )
         http.delete(Routes.session.format(session=sid))
-        fork = base.fork(f"{run_id}-ovh-fork-{i}")
+        fork = base.fork()
         work = partial(fork.apply_directives, batch, base_revision=fork.revision)
         out.inproc_ms.append(_ms(on_worker(work)))
-        service.engine.close_session(fork.id)
+        fork.release()
 
     return rep

@@ -66,9 +66,6 @@ class ChatRenderer:
             raise ChatTemplateError(f"the chat template refused the messages: {exc}") from exc
         return str(text)
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
     def render(
         self,
         messages: Sequence[ChatMessage],

@@ -10,9 +10,9 @@ from fastapi import FastAPI, Request, Response
 
 from leyline.protocol import PROTOCOL_VERSION, ErrorCode, LeylineError
 
+from ..core.routes import leyline_router
 from ..engine import Engine
 from .errors import BodyLimit, error_response, install_error_handlers
-from .routes_leyline import leyline_router
 from .routes_openai import openai_router
 from .service import LeylineService
 from .settings import ServerSettings
@@ -39,7 +39,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
     app.state.service = service
     install_error_handlers(app)
     app.include_router(openai_router(service))
-    app.include_router(leyline_router(service))
+    app.include_router(leyline_router(service.core))
 
     @app.get("/health", tags=["Operations"])
     async def health() -> dict[str, object]:

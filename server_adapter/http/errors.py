@@ -2,56 +2,46 @@
 
 from __future__ import annotations
 
-import logging
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from leyline.protocol import ErrorCode, LeylineError
-from leyline.protocol.validation import error_from_details
 
 from ..chat.render import ChatTemplateError
-from ..errors import ModelNotFoundError, SpliceUnsupportedError
+from ..core.route_guard import error_response, http_error, internal_error, validation_error
 
-log = logging.getLogger("leyline.server")
-
-
-def error_response(error: LeylineError) -> JSONResponse:
-    return JSONResponse(error.to_body().model_dump(mode="json"), status_code=error.http_status)
+__all__ = ["BodyLimit", "error_response", "install_error_handlers"]
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """App-level answers for what no ``LeylineRoute`` sees: unknown routes and methods, the
+    app's own routes (/health, /metrics) and its middleware. The routers' own failures are
+    answered by ``core.route_guard``, which leaves ``ChatTemplateError`` to the handler here.
+    """
+
     @app.exception_handler(LeylineError)
     async def _leyline(_: Request, exc: LeylineError) -> JSONResponse:
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        details = [dict(e) | {"loc": tuple(e["loc"])[1:] or ("body",)} for e in exc.errors()]
-        return error_response(error_from_details(details))
+        return error_response(validation_error(exc))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        return error_response(http_error(exc, request), exc.headers)  # 404, 405 (Allow)
 
     @app.exception_handler(ChatTemplateError)
     async def _template(_: Request, exc: ChatTemplateError) -> JSONResponse:
         return error_response(LeylineError(ErrorCode.invalid_directive, str(exc), "messages"))
 
-    @app.exception_handler(SpliceUnsupportedError)
-    async def _splice(_: Request, exc: SpliceUnsupportedError) -> JSONResponse:
-        # Only raised when the client asked for no fallback.
-        message = f"cannot splice ({exc.reason}): {exc.message}; allow_fallback to re-prefill"
-        return error_response(
-            LeylineError(ErrorCode.invalid_span, message, "leyline.options.allow_fallback")
-        )
-
-    @app.exception_handler(ModelNotFoundError)
-    async def _model(_: Request, exc: ModelNotFoundError) -> JSONResponse:
-        return error_response(LeylineError(ErrorCode.invalid_directive, str(exc), "model"))
-
-    @app.exception_handler(ValueError)
-    async def _value(_: Request, exc: ValueError) -> JSONResponse:
-        # Parameter checks below the HTTP layer (sampling, settings) raise ValueError.
-        return error_response(LeylineError(ErrorCode.invalid_directive, str(exc)))
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette re-raises after answering, so uvicorn logs the traceback.
+        return error_response(internal_error(exc))
 
 
 class BodyLimit:
@@ -72,27 +62,23 @@ class BodyLimit:
         seen = 0
 
         async def counted() -> Message:
+            # Raised inside the route's body read, which answers it as a protocol error.
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _TooLarge
+                    raise self._error()
             return message
 
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await self._reject(scope, receive, send)
+        await self.app(scope, counted, send)
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = LeylineError(
+        await error_response(self._error())(scope, receive, send)
+
+    def _error(self) -> LeylineError:
+        return LeylineError(
             ErrorCode.limit_exceeded,
             f"request body is larger than this server's limit of {self.max_bytes} bytes",
             "body",
         )
-        await error_response(error)(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass

@@ -1,33 +1,33 @@
 """Run a generation on the model worker, cancel it when the client goes away, stream tokens.
 
 A job gets an ``on_token`` callback (called on the worker thread for every token; returns
-False once cancelled) and is queued on the service's single worker. A job still queued when
-its client leaves never starts; a running one stops at its next token.
+False once cancelled) and a cancellation check; the service queues its model work on the
+single worker and checks it first, so a job still queued when its client leaves never
+starts; a running one stops at its next token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Generic, TypeVar
 
 from starlette.requests import Request
 
-from .service import LeylineService, OnToken
+from .service import IsCancelled, OnToken
 
 T = TypeVar("T")
 _POLL_SECONDS = 0.2
 
-
-class Cancelled(Exception):
-    """The client disconnected before its job started."""
+Job = Callable[[OnToken, IsCancelled], Awaitable[T]]
+"""The request's work: it must not start model work once ``IsCancelled`` says so."""
 
 
 class TokenJob(Generic[T]):
-    """A job on the worker whose generated tokens arrive on an asyncio queue."""
+    """A job whose generated tokens (chosen on the worker) arrive on an asyncio queue."""
 
-    def __init__(self, service: LeylineService, job: Callable[[OnToken], T]) -> None:
+    def __init__(self, job: Job[T]) -> None:
         loop = asyncio.get_running_loop()
         self.cancelled = threading.Event()
         self.tokens: asyncio.Queue[int | None] = asyncio.Queue()
@@ -36,12 +36,7 @@ class TokenJob(Generic[T]):
             loop.call_soon_threadsafe(self.tokens.put_nowait, token)
             return not self.cancelled.is_set()
 
-        def guarded() -> T:
-            if self.cancelled.is_set():
-                raise Cancelled
-            return job(on_token)
-
-        self.task: asyncio.Future[T] = asyncio.ensure_future(service.run(guarded))
+        self.task: asyncio.Future[T] = asyncio.ensure_future(job(on_token, self.cancelled.is_set))
         self.task.add_done_callback(lambda _: self.tokens.put_nowait(None))
 
     def cancel(self) -> None:

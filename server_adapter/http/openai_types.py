@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from leyline.protocol import LeylineRequest, LeylineResponse
+from leyline.protocol.resources import Message
+from leyline.protocol.validation import error_from_details
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
@@ -84,7 +87,9 @@ class SamplingFields(_Lenient):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(
+        default=None, ge=-(2**63), le=2**64 - 1, description="Any 64-bit seed, signed or not."
+    )
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -226,3 +231,21 @@ class ModelCard(_Strict):
 class ModelList(_Strict):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+_MESSAGES = TypeAdapter(list[ChatMessage])
+_TOOLS = TypeAdapter(list[ToolSpec])
+
+
+def parse_chat(
+    messages: Sequence[Message], tools: Sequence[Message] | None = None
+) -> tuple[list[ChatMessage], list[ToolSpec]]:
+    """Messages and tool specs sent as plain JSON (session create, tokenize), checked with
+    the same models as a chat request; a problem is a typed error naming its full path."""
+    parsed: list[object] = []
+    for adapter, raw, field in ((_MESSAGES, messages, "messages"), (_TOOLS, tools or [], "tools")):
+        try:
+            parsed.append(adapter.validate_python(list(raw)))
+        except ValidationError as exc:
+            raise error_from_details(exc.errors(include_url=False), field) from None
+    return parsed[0], parsed[1]  # type: ignore[return-value]

@@ -10,8 +10,10 @@ from typing import TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from ..core.route_guard import LeylineRoute
+from ..core.routes import tenant_of
 from ..reports import TokenChoice
-from .jobs import TokenJob
+from .jobs import Job, TokenJob
 from .openai_types import (
     AssistantMessage,
     ChatChoice,
@@ -32,14 +34,14 @@ from .openai_types import (
     Usage,
     new_id,
 )
-from .service import LeylineService, OnToken, Reply
+from .service import LeylineService, Reply
 from .streaming import DONE, DeltaText, sse
 
 R = TypeVar("R")
 
 
 def openai_router(service: LeylineService) -> APIRouter:
-    router = APIRouter(tags=["OpenAI-compatible"])
+    router = APIRouter(tags=["OpenAI-compatible"], route_class=LeylineRoute)
 
     @router.get("/v1/models")
     async def models() -> ModelList:
@@ -55,7 +57,9 @@ def openai_router(service: LeylineService) -> APIRouter:
             "chat",
             request,
             body.stream,
-            lambda on_token: service.chat(body, on_token),
+            lambda on_token, cancelled: service.chat(
+                body, on_token, tenant=tenant_of(request), cancelled=cancelled
+            ),
             lambda job, first: _chat_events(service, body, job, first),
             lambda reply: _chat_completion(service, body, reply),
         )
@@ -70,7 +74,9 @@ def openai_router(service: LeylineService) -> APIRouter:
             "completions",
             request,
             body.stream,
-            lambda on_token: service.complete(body, on_token),
+            lambda on_token, cancelled: service.complete(
+                body, on_token, tenant=tenant_of(request), cancelled=cancelled
+            ),
             lambda job, first: _completion_events(service, body, job, first),
             lambda reply: _completion(service, body, reply),
         )
@@ -83,7 +89,7 @@ async def _respond(
     route: str,
     request: Request,
     stream: bool,
-    work: Callable[[OnToken], Reply],
+    work: Job[Reply],
     events: Callable[[TokenJob[Reply], int | None], AsyncIterator[str]],
     answer: Callable[[Reply], R],
 ) -> R | StreamingResponse:
@@ -93,7 +99,7 @@ async def _respond(
     revision conflict) is still a plain typed HTTP error.
     """
     t0 = time.perf_counter()
-    job = TokenJob(service, work)
+    job = TokenJob(work)
     try:
         if stream:
             first = await job.first_token()
@@ -149,7 +155,7 @@ def _chat_completion(
     )
     choice = ChatChoice(
         message=message,
-        finish_reason=_finish(reply),  # type: ignore[arg-type]
+        finish_reason=_finish(reply),
         logprobs=logprobs,
     )
     return ChatCompletion(
@@ -169,7 +175,7 @@ async def _chat_events(
     def chunk(delta: ChunkDelta, **extra: object) -> str:
         return sse(
             ChatCompletionChunk(id=cid, model=model, choices=[ChunkChoice(delta=delta, **extra)])
-        )  # type: ignore[arg-type]
+        )
 
     try:
         yield chunk(ChunkDelta(role="assistant", content=""))
@@ -192,7 +198,7 @@ async def _chat_events(
             choices=[
                 ChunkChoice(
                     delta=ChunkDelta(),
-                    finish_reason=_finish(reply),  # type: ignore[arg-type]
+                    finish_reason=_finish(reply),
                     # Every token's logprobs at once: text deltas may merge or hold tokens.
                     logprobs=_chat_logprobs(service, reply.generation.logprobs)
                     if body.logprobs
@@ -225,7 +231,7 @@ async def _completion_events(
                     )
                 )
         reply = job.task.result()
-        final = CompletionChoice(text=deltas.finish(reply.content), finish_reason=_finish(reply))  # type: ignore[arg-type]
+        final = CompletionChoice(text=deltas.finish(reply.content), finish_reason=_finish(reply))
         yield sse(
             Completion(
                 id=cid, model=model, choices=[final], usage=_usage(reply), leyline=reply.leyline
@@ -265,7 +271,7 @@ def _completion(service: LeylineService, body: CompletionRequest, reply: Reply) 
         text = body.prompt + text
     choice = CompletionChoice(
         text=text,
-        finish_reason=_finish(reply),  # type: ignore[arg-type]
+        finish_reason=_finish(reply),
         logprobs=logprobs,
     )
     return Completion(

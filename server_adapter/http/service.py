@@ -1,8 +1,10 @@
-"""What the HTTP routes call: one engine, its sessions, and the request -> cache -> reply path.
+"""The reference server's request path: chat and completions on the session core.
 
-All model work runs on one worker thread (this CPU runs one forward at a time well; more
-would only thrash). Routes hand it closures and await them, so requests queue fairly and a
-session is only ever changed by one request at a time.
+Sessions, revisions, leases, limits and the ``/leyline/v1`` operations are the core's
+(``core.service``); this adds what only the reference engine serves: a generation after
+the cache was brought to the prompt. A request is checked whole on the event loop (its
+sampling fields, the revision it addresses, its directives, the prompt's tokens) before any
+model work is queued, so a rejected request changes nothing.
 """
 
 from __future__ import annotations
@@ -10,12 +12,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from leyline.protocol import (
-    PROTOCOL_VERSION,
     Capabilities,
     ErrorCode,
     FallbackReason,
@@ -28,18 +28,26 @@ from leyline.protocol.resources import SessionInfo
 
 from ..chat.render import ChatRenderer, RenderedChat
 from ..chat.tool_format import parse_tool_calls
+from ..core.batch import EditPlan, check_revision, check_tokens, common_prefix
+from ..core.service import SessionService
+from ..core.sessions import DEFAULT_TENANT, Evicted, Session, SessionStore
 from ..engine import Engine
+from ..engine_backend import EngineBackend
 from ..reports import GenerationResult, OpReport
 from ..sampling import SamplingParams
-from ..session import EXECUTED_VERBS, SessionCache
+from ..session import SessionCache
 from .metrics import Metrics
 from .openai_types import ChatCompletionRequest, CompletionRequest, SamplingFields, ToolCall
-from .registry import Evicted, SessionRegistry
 from .settings import ServerSettings
 
 T = TypeVar("T")
 OnToken = Callable[[int], bool]
 """Called with each generated token id; returning False cancels the generation."""
+IsCancelled = Callable[[], bool]
+
+
+class Cancelled(Exception):
+    """The client disconnected before its job started."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,163 +68,195 @@ class LeylineService:
         self.settings = settings
         self.model_name = settings.served_model_name or engine.loaded.name
         self.metrics = Metrics()
-        self.renderer = ChatRenderer(engine.tokenizer) if engine.tokenizer is not None else None
-        self.sessions = SessionRegistry(
-            engine,
+        self.backend = EngineBackend(engine, limits=settings.limits, model_name=self.model_name)
+        self.sessions: SessionStore[SessionCache] = SessionStore(
+            self.backend,
             max_sessions=settings.max_sessions,
             max_cache_bytes=settings.max_cache_bytes,
             on_evict=self._evicted,
         )
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leyline-model")
+        self.core = SessionService(self.backend, self.sessions, on_op=self.metrics.record_cache_op)
 
     # -- the worker -------------------------------------------------------------------
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the model worker and await it."""
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn)
+        return await self.backend.run(fn)
 
     def shutdown(self) -> None:
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        self.backend.shutdown()
 
     def _evicted(self, evicted: Evicted) -> None:
         self.metrics.evicted_sessions.labels(evicted.why).inc()
 
     # -- capabilities, sessions, tokens ----------------------------------------------------
 
-    def capabilities(self) -> Capabilities:
-        layouts = [] if self.engine.layout is None else [self.engine.layout.kind]
-        return Capabilities(
-            protocol_version=PROTOCOL_VERSION,
-            verbs=list(EXECUTED_VERBS),
-            architectures=layouts,
-            models=[self.model_name],
-            limits=self.settings.limits,
-        )
+    @property
+    def renderer(self) -> ChatRenderer | None:
+        return self.backend.renderer
 
-    def session_info(self, session: SessionCache, include_tokens: bool = False) -> SessionInfo:
-        state = session.state
-        return SessionInfo(
-            session=session.id,
-            revision=state.revision,
-            num_tokens=len(state.tokens),
-            tokens=list(state.tokens) if include_tokens else None,
-            spans=list(state.spans),
-        )
+    def capabilities(self) -> Capabilities:
+        return self.backend.capabilities()
+
+    def session_info(
+        self, session: Session[SessionCache], include_tokens: bool = False
+    ) -> SessionInfo:
+        return self.core.info(session, include_tokens)
 
     def require_renderer(self) -> ChatRenderer:
-        if self.renderer is None:
-            raise LeylineError(
-                ErrorCode.invalid_directive,
-                f"{self.engine.loaded.label} has no tokenizer or chat template; send token ids "
-                "to /v1/completions",
-            )
-        return self.renderer
+        return self.backend.require_renderer()
 
     # -- the request path -------------------------------------------------------------------
 
-    def chat(self, request: ChatCompletionRequest, on_token: OnToken | None = None) -> Reply:
-        renderer = self.require_renderer()
-        rendered = renderer.render(request.messages, request.tools, add_generation_prompt=True)
+    async def chat(
+        self,
+        request: ChatCompletionRequest,
+        on_token: OnToken | None = None,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        cancelled: IsCancelled = lambda: False,
+    ) -> Reply:
         params = self._sampling(
             request,
             request.token_budget(self.settings.max_new_tokens),
             request.top_logprobs if request.logprobs else None,
         )
-        reply = self._serve(rendered.tokens, rendered, request.leyline, params, on_token)
-        content, calls = reply.content, []
+        renderer = self.require_renderer()
+        rendered = await asyncio.to_thread(
+            renderer.render, request.messages, request.tools, add_generation_prompt=True
+        )
+        reply = await self._serve(
+            tenant, rendered.tokens, rendered, request.leyline, params, on_token, cancelled
+        )
+        content, calls = reply.content, list[ToolCall]()
         if request.tools and request.tool_choice != "none":
             content, calls = parse_tool_calls(reply.content)
         return replace(reply, content=content, tool_calls=calls)
 
-    def complete(self, request: CompletionRequest, on_token: OnToken | None = None) -> Reply:
-        if isinstance(request.prompt, str):
-            tokens = self.engine.encode(request.prompt)
-        else:
-            tokens = tuple(request.prompt)
+    async def complete(
+        self,
+        request: CompletionRequest,
+        on_token: OnToken | None = None,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        cancelled: IsCancelled = lambda: False,
+    ) -> Reply:
         params = self._sampling(
             request, request.max_tokens or self.settings.max_new_tokens, request.logprobs
         )
-        return self._serve(tokens, None, request.leyline, params, on_token)
+        if isinstance(request.prompt, str):
+            tokens = await asyncio.to_thread(self.engine.encode, request.prompt)
+        else:
+            tokens = tuple(request.prompt)
+        return await self._serve(tenant, tokens, None, request.leyline, params, on_token, cancelled)
 
     def _sampling(
         self, request: SamplingFields, budget: int, logprobs: int | None
     ) -> SamplingParams:
-        return SamplingParams(
-            max_new_tokens=budget,
-            temperature=request.temperature,
-            top_p=request.top_p if request.top_p < 1 else None,
-            seed=request.seed,
-            stop=tuple(request.stop_strings()),
-            logprobs=logprobs,
-        )
+        try:
+            return SamplingParams(
+                max_new_tokens=budget,
+                temperature=request.temperature,
+                top_p=request.top_p if request.top_p < 1 else None,
+                seed=request.seed,
+                stop=tuple(request.stop_strings()),
+                logprobs=logprobs,
+            )
+        except ValueError as exc:
+            raise LeylineError(ErrorCode.invalid_directive, str(exc)) from None
 
-    def _serve(
+    async def _serve(
         self,
+        tenant: str,
         prompt: Sequence[int],
         rendered: RenderedChat | None,
         leyline: LeylineRequest | None,
         params: SamplingParams,
         on_token: OnToken | None,
+        cancelled: IsCancelled,
     ) -> Reply:
         t0 = time.perf_counter()
         leyline = leyline or LeylineRequest()
-        if leyline.options.infer_splices:
-            # Refused rather than ignored: inference happens client-side (leyline.policies'
-            # diff mode), where the agent decides that AMORTIZE semantics are acceptable.
-            raise LeylineError(
-                ErrorCode.invalid_directive,
-                "this server does not infer splices from message diffs; send directives "
-                "(leyline.policies infers them client-side) or leave infer_splices false",
-                "leyline.options.infer_splices",
-            )
-        if leyline.directives and leyline.session is None:
-            raise LeylineError(
-                ErrorCode.unknown_session,
-                "directives need a session: set leyline.session",
-                "leyline.session",
-            )
-        if leyline.directives and leyline.base_revision is None:
-            raise LeylineError(
-                ErrorCode.invalid_directive,
-                "directives need the revision they address: set leyline.base_revision",
-                "leyline.base_revision",
-            )
+        _check_request(leyline)
+        check_tokens(prompt, self.engine.vocab_size, self.backend.limits, "prompt")
         if leyline.session is None:
-            # Stateless: a throwaway session outside the registry (it still reuses and feeds
+            # Stateless: a throwaway session outside the store (it still reuses and feeds
             # the shared prefix cache).
-            session = self.engine.create_session()
+            handle = self.backend.open()
             try:
-                return self._serve_on(
-                    session, prompt, rendered, leyline, params, on_token, t0, named=False
+                return await self._run_on(
+                    handle, None, None, prompt, rendered, params, on_token, cancelled, t0
                 )
             finally:
-                self.engine.close_session(session.id)
-        if leyline.directives:
-            session = self.sessions.get(leyline.session)
+                self.backend.close(handle)
+        created = False
+        if leyline.directives or self.sessions.exists(tenant, leyline.session):
+            session = self.sessions.get(tenant, leyline.session)
         else:
-            session = self.sessions.get_or_create(leyline.session)[0]
-        with self.sessions.lease(session):
-            return self._serve_on(session, prompt, rendered, leyline, params, on_token, t0)
+            session, created = self.sessions.create(tenant, leyline.session), True
+        try:
+            async with self.sessions.lease(session):
+                check_revision(session.handle.view, leyline.base_revision)
+                plan = None
+                if leyline.directives:
+                    plan = await self.core.plan(session, leyline.directives, leyline.base_revision)
+                return await self._run_on(
+                    session.handle,
+                    session.id,
+                    plan,
+                    prompt,
+                    rendered,
+                    params,
+                    on_token,
+                    cancelled,
+                    t0,
+                    allow_fallback=leyline.options.allow_fallback,
+                )
+        except BaseException:
+            if created and self.sessions.exists(tenant, session.id):
+                self.sessions.delete(tenant, session.id)  # a rejected request creates nothing
+            raise
 
-    def _serve_on(
+    async def _run_on(
         self,
-        session: SessionCache,
+        handle: SessionCache,
+        session_id: str | None,
+        plan: EditPlan | None,
         prompt: Sequence[int],
         rendered: RenderedChat | None,
-        leyline: LeylineRequest,
+        params: SamplingParams,
+        on_token: OnToken | None,
+        cancelled: IsCancelled,
+        t0: float,
+        *,
+        allow_fallback: bool = True,
+    ) -> Reply:
+        def work() -> Reply:
+            if cancelled():
+                raise Cancelled  # the client left while this waited in the queue
+            return self._generate(
+                handle, session_id, plan, prompt, rendered, params, on_token, t0, allow_fallback
+            )
+
+        return await self.backend.run(work)
+
+    def _generate(
+        self,
+        session: SessionCache,
+        session_id: str | None,
+        plan: EditPlan | None,
+        prompt: Sequence[int],
+        rendered: RenderedChat | None,
         params: SamplingParams,
         on_token: OnToken | None,
         t0: float,
-        named: bool = True,
+        allow_fallback: bool,
     ) -> Reply:
+        """On the worker: the edit, the prompt's prefill, the generation."""
         edit: OpReport | None = None
-        if leyline.directives:
-            edit = session.apply_directives(
-                leyline.directives,
-                base_revision=leyline.base_revision,
-                allow_fallback=leyline.options.allow_fallback,
-            )
-        edited_length = len(session.tokens)
+        if plan is not None:
+            edit = session.execute(plan, allow_fallback=allow_fallback)
+        edited = session.tokens
         spans = rendered.spans if rendered is not None else ()
         prefill = session.prefill(prompt, spans=spans)
         first: list[float] = []
@@ -227,8 +267,8 @@ class LeylineService:
             return on_token(token) if on_token is not None else True
 
         generation = session.generate(params, on_token=tick)
-        report = _combine(edit, prefill, edited_length, len(prompt))
-        response = report.to_response(session.id if named else None, tuple(spans))
+        report = _combine(edit, prefill, edited, prompt)
+        response = report.to_response(session_id, tuple(spans))
         response = response.model_copy(update={"revision": generation.revision})
         self.metrics.record_cache_op(response)
         self.metrics.generated.inc(len(generation.tokens))
@@ -236,44 +276,57 @@ class LeylineService:
         self.metrics.ttft.observe(ttft)
         return Reply(generation, response, len(prompt), generation.text, [], ttft)
 
-    def apply(
-        self,
-        session_id: str,
-        request_directives: Sequence[object],
-        base_revision: int,
-        allow_fallback: bool,
-    ) -> LeylineResponse:
-        session = self.sessions.get(session_id)
-        with self.sessions.lease(session):
-            report = session.apply_directives(
-                request_directives,  # type: ignore[arg-type]
-                base_revision=base_revision,
-                allow_fallback=allow_fallback,
-            )
-            response = report.to_response(session.id, session.spans)
-        self.metrics.record_cache_op(response)
-        return response
+
+def _check_request(leyline: LeylineRequest) -> None:
+    if leyline.options.infer_splices:
+        # Refused rather than ignored: inference happens client-side (leyline.policies'
+        # diff mode), where the agent decides that AMORTIZE semantics are acceptable.
+        raise LeylineError(
+            ErrorCode.invalid_directive,
+            "this server does not infer splices from message diffs; send directives "
+            "(leyline.policies infers them client-side) or leave infer_splices false",
+            "leyline.options.infer_splices",
+        )
+    if leyline.directives and leyline.session is None:
+        raise LeylineError(
+            ErrorCode.unknown_session,
+            "directives need a session: set leyline.session",
+            "leyline.session",
+        )
+    if leyline.directives and leyline.base_revision is None:
+        raise LeylineError(
+            ErrorCode.invalid_directive,
+            "directives need the revision they address: set leyline.base_revision",
+            "leyline.base_revision",
+        )
 
 
-def _combine(edit: OpReport | None, prefill: OpReport, edited_length: int, prompt: int) -> OpReport:
+def _combine(
+    edit: OpReport | None, prefill: OpReport, edited: Sequence[int], prompt: Sequence[int]
+) -> OpReport:
     """One report for a request that may have edited the cache, then brought it to the prompt.
 
     ``prefilled`` counts every token computed (replacement, recomputed tail, new messages);
     ``reused`` the rest of the prompt. When the prompt diverges from the edited sequence
-    before its end, the edit did not produce what the client rendered: ``token_mismatch``.
+    before the edited sequence ends, the edit did not produce what the client rendered: the
+    prompt was prefilled over it (``reprefill`` / ``token_mismatch``) and the report counts
+    only that prefill, since the edit's work (its rotations included) was discarded.
     """
     if edit is None:
         return prefill
-    prefilled = min(prompt, edit.prefilled_tokens + prefill.prefilled_tokens)
-    reason = edit.fallback_reason
-    if reason is None and prefill.first_change < min(edited_length, prompt - 1):
-        reason = FallbackReason.token_mismatch
-    path = edit.path if reason is None else Path.reprefill
+    diverged = common_prefix(edited, prompt) < min(len(edited), len(prompt) - 1)
+    if diverged:
+        return replace(
+            prefill,
+            path=Path.reprefill,
+            rotated_tokens=0,
+            fallback_reason=edit.fallback_reason or FallbackReason.token_mismatch,
+        )
+    n = len(prompt)
+    prefilled = min(n, edit.prefilled_tokens + prefill.prefilled_tokens)
     return replace(
         edit,
-        path=path,
         revision=prefill.revision,
-        reused_tokens=prompt - prefilled,
+        reused_tokens=n - prefilled,
         prefilled_tokens=prefilled,
-        fallback_reason=reason,
     )

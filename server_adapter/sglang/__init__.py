@@ -1,7 +1,8 @@
 """The SGLang plugin: Leyline directives executed on SGLang's own radix cache and KV pools.
 
-Follow one splice: ``routes`` (HTTP, in SGLang's server process) -> ``directive_service``
-(sessions, revisions, the protocol's resolve + algebra) -> ``tokenizer_side`` (a control
+Follow one splice: the session core's routes and service (``leyline.server_adapter.core``:
+sessions, revisions, the protocol's resolve + algebra, in SGLang's server process) ->
+``backend.SglangBackend`` (executes the checked plan) -> ``tokenizer_side`` (a control
 request over SGLang's zmq channel) -> ``scheduler_side`` (in the scheduler process) ->
 ``executor.SpliceExecutor`` (match, copy + rotate, insert) -> ``kv_rows`` / ``tree_ops``.
 

@@ -119,6 +119,7 @@ def check_engine(device: torch.device, context: int, span: int, runs: int) -> di
     from leyline.protocol.directives import Mode
     from leyline.server_adapter.engine import Engine
     from leyline.server_adapter.models import build_tiny_mla
+    from leyline.server_adapter.session import SessionCache
 
     loaded = build_tiny_mla("v2")
     loaded.model.to(device)
@@ -128,7 +129,7 @@ def check_engine(device: torch.device, context: int, span: int, runs: int) -> di
     start = context // 4
     edit = Edit(start, start + span, (5, 6, 7, 8), Mode.amortize)
     new_tokens = apply_edits(tokens, [edit]).tokens
-    base = engine.create_session()
+    base = SessionCache(engine)
     base.prefill(tokens)
 
     def splice() -> torch.Tensor:
@@ -137,7 +138,7 @@ def check_engine(device: torch.device, context: int, span: int, runs: int) -> di
         return session.next_token_logits()
 
     def reprefill() -> torch.Tensor:
-        session = engine.create_session()
+        session = SessionCache(engine)
         session.prefill(new_tokens[:start])
         session.extend(new_tokens[start:])
         return session.next_token_logits()

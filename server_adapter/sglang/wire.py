@@ -7,8 +7,14 @@ Imports SGLang: import this module only inside an SGLang process (or its test ve
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 from sglang.srt.managers.io_struct import BaseReq, hook_custom_types
+
+from leyline.protocol.algebra import Edit
+
+from .backend import SchedulerAnswer
 
 #: ``(start, end, replacement token ids)`` in the old sequence's coordinates.
 WireEdit = tuple[int, int, list[int]]
@@ -36,3 +42,22 @@ class LeylineSpliceReqOutput(BaseReq, kw_only=True):
 
 
 hook_custom_types(LeylineSpliceReqInput, LeylineSpliceReqOutput)
+
+
+def to_wire(verb: str, old_tokens: Sequence[int], edits: Sequence[Edit]) -> LeylineSpliceReqInput:
+    wire = [(e.start, e.end, list(e.replacement)) for e in edits]
+    return LeylineSpliceReqInput(verb=verb, old_tokens=list(old_tokens), edits=wire)
+
+
+def from_wire(out: LeylineSpliceReqOutput) -> SchedulerAnswer:
+    return SchedulerAnswer(
+        ok=out.ok,
+        cached_tokens=out.cached_tokens,
+        reused_tokens=out.reused_tokens,
+        rotated_tokens=out.rotated_tokens,
+        pending_prefill=out.pending_prefill,
+        fallback_reason=out.fallback_reason,
+        error_code=out.error_code,
+        error_field=out.error_field,
+        message=out.message,
+    )

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
 
 from leyline.protocol.schema import build_schema
 
@@ -33,3 +39,54 @@ def test_help_names_every_command_and_unknown_ones_fail() -> None:
     assert "schema" in leyline("--help").stdout
     bad = leyline("splice-everything")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+@pytest.fixture()
+def plain_http_server() -> Iterator[str]:
+    """A local HTTP server that is not Leyline: it answers 404 to everything."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+class _NotFound(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_error(404)
+
+    do_POST = do_DELETE = do_GET
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_conformance_against_a_server_that_is_not_leyline(plain_http_server: str) -> None:
+    done = leyline("conformance", plain_http_server)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "not a Leyline server" in done.stdout and "HTTP 404" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "0 passed, 1 failed" in done.stdout
+
+
+def test_conformance_against_nothing_says_it_cannot_connect() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = leyline("conformance", f"http://127.0.0.1:{port}")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "cannot connect" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_serve_without_the_server_extras_says_what_to_install() -> None:
+    # An SDK-only install: the server stack cannot be imported.
+    code = (
+        "import sys; sys.modules.update(fastapi=None, uvicorn=None); "
+        "from leyline.cli.main import main; sys.exit(main(['serve']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode != 0
+    assert "pip install 'leyline[server]'" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1

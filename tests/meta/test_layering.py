@@ -54,3 +54,27 @@ def test_protocol_and_policies_import_without_torch() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_session_core_and_the_sglang_backend_import_without_torch() -> None:
+    """Both backends share the core; the SGLang server process imports it beside SGLang's
+    own torch, and ``make test`` runs the SGLang backend's logic without SGLang."""
+    code = (
+        "import sys; import leyline.server_adapter.core.routes, "
+        "leyline.server_adapter.core.service, leyline.server_adapter.sglang.backend; "
+        "bad = [m for m in ('torch', 'transformers', 'sglang') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_engine_does_not_import_its_sessions() -> None:
+    """Sessions use the engine, never the other way round (no import circle)."""
+    assert "leyline.server_adapter.session" not in imported_modules(
+        ROOT / "server_adapter" / "engine.py"
+    )
+    assert not any(
+        node.module == "session"
+        for node in ast.walk(ast.parse((ROOT / "server_adapter" / "engine.py").read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level == 1
+    )

@@ -131,6 +131,18 @@ def test_bad_chat_requests_are_typed_and_change_nothing(
         ),
         ({"messages": [], "leyline": {"session": SESSION}}, 422),
         ({"messages": messages, "temperature": 9, "leyline": {"session": SESSION}}, 422),
+        # A seed out of range is refused before the prompt is prefilled or the splice run.
+        ({"messages": messages, "seed": 2**64, "leyline": {"session": SESSION}}, 422),
+        (
+            {
+                "messages": messages,
+                "seed": 2**64,
+                "leyline": {"session": SESSION, "base_revision": rev, "directives": [splice(0, 1)]},
+            },
+            422,
+        ),
+        # An extension addressed to an old revision would overwrite another client's append.
+        ({"messages": messages, "leyline": {"session": SESSION, "base_revision": rev + 1}}, 409),
         (
             {
                 "messages": messages,
@@ -150,6 +162,28 @@ def test_bad_chat_requests_are_typed_and_change_nothing(
             assert reply.json()["error"]["type"] == "leyline_error"
         after = http.get(f"/leyline/v1/sessions/{SESSION}", params={"tokens": "true"}).json()
     assert after == session
+
+
+def test_rejected_creates_create_nothing(server: Server) -> None:
+    with server.client() as http:
+        cases = [
+            ({"session": "too-long", "tokens": [1] * 8193}, 413, "session_too_long"),
+            ({"session": "bad-id", "tokens": [1, 10**9]}, 422, "invalid_directive"),
+        ]
+        for body, status, code in cases:
+            reply = http.post("/leyline/v1/sessions", json=body)
+            assert reply.status_code == status, reply.text
+            assert reply.json()["error"]["code"] == code
+            gone = http.get(f"/leyline/v1/sessions/{body['session']}")
+            assert gone.status_code == 404, gone.text
+        chat = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "seed": 2**64,
+            "leyline": {"session": "not-created"},
+        }
+        assert http.post("/v1/chat/completions", json=chat).status_code == 422
+        assert http.get("/leyline/v1/sessions/not-created").status_code == 404
 
 
 def test_oversize_body_unknown_session_and_missing_key(server: Server) -> None:

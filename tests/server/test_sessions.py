@@ -10,6 +10,7 @@ import torch
 
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.models import load_model
+from leyline.server_adapter.session import SessionCache
 
 from .conftest import Server
 from .conversation import TOOLS, turn1
@@ -82,7 +83,7 @@ def test_turns_reuse_the_prefix_and_a_splice_matches_the_engine(server: Server) 
 
     # The same splice in-process on the engine gives the same next-token distribution.
     engine = Engine(load_model("smollm2"))
-    session = engine.create_session()
+    session = SessionCache(engine)
     session.prefill(before["tokens"], spans=_spans(before["spans"]))
     session.apply_directives([_directive(directive)], base_revision=session.revision)
     with server.client() as http:
@@ -98,6 +99,34 @@ def test_turns_reuse_the_prefix_and_a_splice_matches_the_engine(server: Server) 
         token = engine.encode(entry["token"])
         if len(token) == 1:
             assert math.isclose(entry["logprob"], float(expected[token[0]]), abs_tol=2e-3)
+
+
+def test_a_splice_the_messages_do_not_carry_is_reported_as_what_ran(server: Server) -> None:
+    """The client asks for a splice but sends the unedited messages: the prompt is prefilled
+    over the splice, and the report says so (no rotation claimed, token_mismatch)."""
+    messages = turn1()
+    chat(server, messages, session="mismatch")
+    with server.client() as http:
+        before = http.get("/leyline/v1/sessions/mismatch", params={"tokens": "true"}).json()
+    directive = {"verb": "splice", "span": {"message": 3, "part": "content"}, "replacement": STUB}
+    reply = chat(
+        server,
+        messages,  # message 3 still holds the full tool output
+        session="mismatch",
+        base_revision=before["revision"],
+        directives=[directive],
+    )
+    ley = reply["leyline"]
+    assert (ley["path"], ley["fallback_reason"], ley["rotated_tokens"]) == (
+        "reprefill",
+        "token_mismatch",
+        0,
+    )
+    assert ley["reused_tokens"] + ley["prefilled_tokens"] == reply["usage"]["prompt_tokens"]
+    with server.client() as http:
+        after = http.get("/leyline/v1/sessions/mismatch", params={"tokens": "true"}).json()
+    n = reply["usage"]["prompt_tokens"]
+    assert after["tokens"][:n] == before["tokens"][:n]  # it holds what the client sent
 
 
 def _spans(raw: list[dict[str, Any]]) -> list[Any]:

@@ -10,13 +10,14 @@ from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.sampling import SamplingParams, choose_token
+from leyline.server_adapter.session import SessionCache
 
 from ._helpers import random_tokens, rel_err
 
 
 def test_greedy_generation_equals_argmax_of_fresh_prefills(llama_engine: Engine) -> None:
     tokens = random_tokens(20, llama_engine.vocab_size, seed=1)
-    session = llama_engine.create_session()
+    session = SessionCache(llama_engine)
     session.prefill(tokens)
     out = session.generate(SamplingParams(max_new_tokens=6, stop_token_ids=(-1,)))
     seq = list(tokens)
@@ -29,7 +30,7 @@ def test_greedy_generation_equals_argmax_of_fresh_prefills(llama_engine: Engine)
 
 def test_a_stop_token_ends_generation_and_stays_in_the_session(llama_engine: Engine) -> None:
     tokens = random_tokens(20, llama_engine.vocab_size, seed=2)
-    session = llama_engine.create_session()
+    session = SessionCache(llama_engine)
     session.prefill(tokens)
     first = int(torch.argmax(session.next_token_logits()))
     out = session.generate(SamplingParams(max_new_tokens=5, stop_token_ids=(first,)))
@@ -39,7 +40,7 @@ def test_a_stop_token_ends_generation_and_stays_in_the_session(llama_engine: Eng
 
 def test_edits_after_generation_complete_the_pending_token(llama_engine: Engine) -> None:
     tokens = random_tokens(30, llama_engine.vocab_size, seed=3)
-    session = llama_engine.create_session()
+    session = SessionCache(llama_engine)
     session.prefill(tokens)
     session.generate(SamplingParams(max_new_tokens=3, stop_token_ids=(-1,)))
     session.apply_edits([Edit(5, 10, (), Mode.amortize)])
@@ -70,7 +71,7 @@ def test_invalid_sampling_params_are_rejected(bad: dict) -> None:
 
 def test_logprobs_and_cancellation(llama_engine: Engine) -> None:
     tokens = random_tokens(20, llama_engine.vocab_size, seed=4)
-    session = llama_engine.create_session()
+    session = SessionCache(llama_engine)
     session.prefill(tokens)
     fresh = torch.log_softmax(llama_engine.forward((), tokens)[1].double(), -1)
     seen: list[int] = []

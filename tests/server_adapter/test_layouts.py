@@ -10,12 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from leyline.protocol.algebra import Edit
 from leyline.protocol.fallback import FallbackReason
+from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.errors import SpliceUnsupportedError
 from leyline.server_adapter.forward import prefill_at
 from leyline.server_adapter.layouts import CacheLayout, detect_layout, match_layouts
 from leyline.server_adapter.models import LoadedModel, build_tiny_mla
 from leyline.server_adapter.rope import RopeSpec, delta_rotate, rope_spec
+from leyline.server_adapter.session import SessionCache
 
 from ._helpers import YARN, random_tokens, rel_err, tiny_llama, tiny_phi
 
@@ -51,11 +54,16 @@ def _worst_layer_errors(
         layout.width,
         "interleaved" if layout.pairing == "half" else "half",
     )
-    errs = [], [], []
+
+    def band_rotated(how: CacheLayout, layer: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        key = layer[how.slot]
+        return delta_rotate(key, delta, rope.inv_freq, how.pairing, offset=how.offset)
+
+    errs: tuple[list[float], list[float], list[float]] = [], [], []
     for a, b in zip(old, new, strict=True):
         want = b[layout.slot]
-        errs[0].append(rel_err(layout.rotate_layer(a, delta, rope.inv_freq)[layout.slot], want))
-        errs[1].append(rel_err(wrong.rotate_layer(a, delta, rope.inv_freq)[layout.slot], want))
+        errs[0].append(rel_err(band_rotated(layout, a), want))
+        errs[1].append(rel_err(band_rotated(wrong, a), want))
         errs[2].append(rel_err(a[layout.slot], want))
     return max(errs[0]), min(errs[1]), min(errs[2])
 
@@ -91,14 +99,19 @@ def test_smollm2_rotated_keys_equal_recomputed_keys(smollm2: LoadedModel) -> Non
         assert wrong_pairing > 1e-2 and unrotated > 1e-2
 
 
-def test_mla_rotation_leaves_the_latent_bitwise_unchanged() -> None:
-    loaded = build_tiny_mla("v3")
-    rope = rope_spec(loaded.model)
-    layout = detect_layout(loaded.model, rope)
-    layer = prefill_at(loaded.model, random_tokens(12, 1000, seed=2), 0)[0]
-    moved = layout.rotate_layer(layer, 33, rope.inv_freq)
-    assert moved[0] is layer[0]  # the latent: the same tensor, untouched
-    assert not torch.equal(moved[1], layer[1])
+def test_an_mla_splice_leaves_the_latent_bitwise_unchanged() -> None:
+    """Only the rope band moves: downstream latents are copied, never recomputed."""
+    engine = Engine(build_tiny_mla("v3"))
+    session = SessionCache(engine)
+    session.prefill(random_tokens(40, engine.vocab_size, seed=2))
+    old = session.kv
+    session.apply_edits([Edit(10, 20, (5, 6, 7))])  # the run from 20 moves by -7
+    layout = engine.layout
+    assert layout is not None and layout.kind == "mla-latent"
+    band = 1 - layout.slot
+    for before, after in zip(old, session.kv, strict=True):
+        assert torch.equal(after[band][..., 13:, :], before[band][..., 20:, :])
+        assert not torch.equal(after[layout.slot][..., 13:, :], before[layout.slot][..., 20:, :])
 
 
 def test_old_mla_full_key_layout_is_recognised_from_synthetic_caches() -> None:

@@ -7,6 +7,7 @@ from leyline.protocol.directives import Mode
 from leyline.protocol.envelope import Path
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.prefix_cache import PrefixCache
+from leyline.server_adapter.session import SessionCache
 
 from ._helpers import random_tokens, rel_err, tiny_llama
 
@@ -27,8 +28,8 @@ def _close_to_fresh(engine: Engine, session) -> None:
 def test_a_new_session_reuses_a_shared_prefix() -> None:
     engine = _engine()
     t = random_tokens(40, engine.vocab_size, seed=1)
-    engine.create_session().prefill(t)
-    b = engine.create_session()
+    SessionCache(engine).prefill(t)
+    b = SessionCache(engine)
     report = b.prefill(t[:30] + random_tokens(10, engine.vocab_size, seed=2))
     assert report.path is Path.prefix_hit and report.reused_tokens == 28
     assert report.prefilled_tokens == 12
@@ -37,10 +38,10 @@ def test_a_new_session_reuses_a_shared_prefix() -> None:
 
 def test_only_the_exact_prefix_of_an_amortized_splice_is_shared() -> None:
     engine = _engine()
-    a = engine.create_session()
+    a = SessionCache(engine)
     a.prefill(random_tokens(40, engine.vocab_size, seed=3))
     a.apply_edits([Edit(10, 20, (5, 6), Mode.amortize)])  # exact: [0, 12); the rest amortized
-    c = engine.create_session()
+    c = SessionCache(engine)
     report = c.prefill(a.tokens)
     assert report.reused_tokens == 12  # not the amortized downstream
     _close_to_fresh(engine, c)
@@ -51,7 +52,7 @@ def test_forget_purges_shared_blocks_no_other_session_holds() -> None:
     cache = engine.prefix_cache
     assert cache is not None
     t = random_tokens(40, engine.vocab_size, seed=4)
-    a, b = engine.create_session(), engine.create_session()
+    a, b = SessionCache(engine), SessionCache(engine)
     a.prefill(t)
     other = t[:26] + random_tokens(8, engine.vocab_size, seed=5)
     b.prefill(other)  # shares t[:26] with a: blocks up to 24 are b's too
@@ -66,11 +67,11 @@ def test_held_blocks_are_not_evicted_until_released() -> None:
     engine = _engine()
     cache = engine.prefix_cache
     assert cache is not None
-    a = engine.create_session("a")
+    a = SessionCache(engine)
     a.prefill(random_tokens(40, engine.vocab_size, seed=6))
     cache.evict(10**12)
     assert cache.match(a.tokens).matched_tokens == 40
-    engine.close_session("a")
+    a.release()
     cache.evict(10**12)
     assert cache.match(a.tokens).matched_tokens == 0
 
@@ -78,7 +79,7 @@ def test_held_blocks_are_not_evicted_until_released() -> None:
 def test_the_budget_bounds_what_is_shared() -> None:
     block_bytes = 2 * 2 * (1 * 2 * BS * 32) * 4  # layers x (k, v) x [1, heads, BS, dim] fp32
     engine = _engine(budget=5 * block_bytes)
-    s = engine.create_session()
+    s = SessionCache(engine)
     s.prefill(random_tokens(40, engine.vocab_size, seed=7))
     stats = engine.prefix_cache.stats()  # type: ignore[union-attr]
     assert stats.bytes_used <= 5 * block_bytes and stats.blocks == 5

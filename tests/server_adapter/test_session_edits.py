@@ -9,6 +9,7 @@ from leyline.protocol.directives import Mode
 from leyline.protocol.envelope import Path
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.forward import prefill_at
+from leyline.server_adapter.session import SessionCache
 
 from ._helpers import kl, kv_bitwise_equal, random_tokens, rel_err, snapshot
 
@@ -17,7 +18,7 @@ N = 80
 
 def _session(engine: Engine, seed: int = 0, n: int = N):
     tokens = random_tokens(n, engine.vocab_size, seed)
-    session = engine.create_session()
+    session = SessionCache(engine)
     session.prefill(tokens)
     return session, tokens
 
@@ -108,10 +109,10 @@ def test_erratum_appends_and_keeps_the_prefix_bitwise(llama_engine: Engine) -> N
 def test_a_batch_equals_its_edits_applied_one_by_one(llama_engine: Engine) -> None:
     tokens = random_tokens(N, llama_engine.vocab_size, seed=7)
     a, b = (5, 6, 7), (21, 22)
-    batch = llama_engine.create_session()
+    batch = SessionCache(llama_engine)
     batch.prefill(tokens)
     batch.apply_edits([Edit(50, 60, b, Mode.amortize), Edit(10, 20, a, Mode.amortize)])
-    steps = llama_engine.create_session()
+    steps = SessionCache(llama_engine)
     steps.prefill(tokens)
     steps.apply_edits([Edit(10, 20, a, Mode.amortize)])  # later edit: shifted by -7
     steps.apply_edits([Edit(43, 53, b, Mode.amortize)])
@@ -131,7 +132,7 @@ def test_delete_only_splice_moves_the_tail_without_prefill(llama_engine: Engine)
 def test_mla_splice_is_closer_to_reprefill_than_no_rotation(mla_engine: Engine) -> None:
     """RANDOM WEIGHTS (tiny MLA): KL to re-prefill, right rotation vs none, over many edits."""
     from leyline.server_adapter.rope import RopeSpec
-    from leyline.server_adapter.splice import execute_edit
+    from leyline.server_adapter.run_executor import execute_edit
 
     right, none = [], []
     rope = mla_engine.rope
@@ -156,7 +157,7 @@ def test_mla_splice_is_closer_to_reprefill_than_no_rotation(mla_engine: Engine) 
 def test_eager_logits_equal_lazy_logits(llama_engine: Engine) -> None:
     tokens = random_tokens(N, llama_engine.vocab_size, seed=9)
     edit = Edit(10, 30, (4, 5), Mode.amortize)
-    eager, lazy = llama_engine.create_session(), llama_engine.create_session()
+    eager, lazy = SessionCache(llama_engine), SessionCache(llama_engine)
     eager.prefill(tokens)
     lazy.prefill(tokens)
     eager.apply_edits([edit], want_logits=True)

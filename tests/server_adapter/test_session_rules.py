@@ -37,7 +37,7 @@ SPANS = (
 
 @pytest.fixture()
 def session(llama_engine: Engine) -> SessionCache:
-    s = llama_engine.create_session()
+    s = SessionCache(llama_engine)
     s.prefill(random_tokens(N, llama_engine.vocab_size, seed=1), spans=SPANS)
     return s
 
@@ -142,7 +142,7 @@ def test_unshiftable_rope_falls_back_to_reprefill_with_a_reason() -> None:
     engine = Engine(tiny_llama({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}))
     assert engine.splice_refusal is not None
     tokens = random_tokens(N, engine.vocab_size, seed=2)
-    session = engine.create_session()
+    session = SessionCache(engine)
     session.prefill(tokens)
     strict = lambda: session.apply_edits([Edit(5, 10, (), Mode.amortize)], allow_fallback=False)  # noqa: E731
     err = _unchanged_after(session, strict)
@@ -158,16 +158,7 @@ def test_unshiftable_rope_falls_back_to_reprefill_with_a_reason() -> None:
 
 def test_limits_come_from_the_engine() -> None:
     engine = Engine(tiny_llama(), limits=Limits(max_directives=1))
-    session = engine.create_session()
+    session = SessionCache(engine)
     session.prefill(random_tokens(10, engine.vocab_size, seed=3))
     edits = [Edit(1, 2, (), Mode.amortize), Edit(4, 5, (), Mode.amortize, 1)]
     assert _code(session, lambda: session.apply_edits(edits)) is ErrorCode.too_many_directives
-
-
-def test_sessions_are_registered_and_unknown_ones_are_typed(llama_engine: Engine) -> None:
-    s = llama_engine.create_session("named")
-    assert llama_engine.session("named") is s
-    llama_engine.close_session("named")
-    with pytest.raises(LeylineError) as info:
-        llama_engine.session("named")
-    assert info.value.code is ErrorCode.unknown_session

@@ -13,8 +13,9 @@ from leyline.protocol.spans import TokenSpan
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.layouts import CacheLayout
 from leyline.server_adapter.rope import RopeSpec
+from leyline.server_adapter.run_executor import execute_edit, slice_kv
 from leyline.server_adapter.sampling import SamplingParams
-from leyline.server_adapter.splice import execute_edit, slice_kv
+from leyline.server_adapter.session import SessionCache
 
 from ._helpers import kl, rel_err, snapshot
 
@@ -60,7 +61,7 @@ def test_splice_is_far_closer_to_reprefill_than_no_rotation_or_wrong_layout(
     e = smollm2_engine
     tokens, start, end, stub = doc
     assert end - start > 250 and len(tokens) - end > 80
-    session = e.create_session()
+    session = SessionCache(e)
     session.prefill(tokens)
     kv = session.kv
     result = apply_edits(tokens, [Edit(start, end, stub, Mode.amortize)])
@@ -95,7 +96,7 @@ def test_downstream_keys_equal_keys_recomputed_at_the_new_positions(
         for i, layer in enumerate(e.model.model.layers)
     ]
     try:
-        session = e.create_session()
+        session = SessionCache(e)
         session.prefill(tokens)
     finally:
         for h in hooks:
@@ -116,7 +117,7 @@ def test_downstream_keys_equal_keys_recomputed_at_the_new_positions(
 def test_forget_equals_a_fresh_prefill(smollm2_engine: Engine, doc) -> None:
     e = smollm2_engine
     tokens, start, end, stub = doc
-    session = e.create_session()
+    session = SessionCache(e)
     session.prefill(tokens)
     report = session.apply_edits([Edit(start, end, stub, Mode.forget)])
     assert report.path is Path.reprefill and report.reused_tokens == start
@@ -129,7 +130,7 @@ def test_forget_equals_a_fresh_prefill(smollm2_engine: Engine, doc) -> None:
 def test_splicing_a_span_with_itself_keeps_full_context_logits(smollm2_engine: Engine, doc):
     e = smollm2_engine
     tokens, start, end, _ = doc
-    session = e.create_session()
+    session = SessionCache(e)
     session.prefill(tokens)
     full = session.next_token_logits()
     session.apply_edits([Edit(start, end, tuple(tokens[start:end]), Mode.amortize)])
@@ -144,7 +145,7 @@ def test_greedy_answer_and_seeded_sampling(smollm2_engine: Engine) -> None:
         tokenize=False,
         add_generation_prompt=True,
     )
-    session = e.create_session()
+    session = SessionCache(e)
     session.prefill(e.encode(prompt))
     rev = session.revision
     out = session.generate(SamplingParams(max_new_tokens=24))
@@ -152,7 +153,7 @@ def test_greedy_answer_and_seeded_sampling(smollm2_engine: Engine) -> None:
     assert session.tokens[-len(out.tokens) :] == out.tokens
     runs = []
     for _ in range(2):
-        s = e.create_session()
+        s = SessionCache(e)
         s.prefill(e.encode(prompt))
         runs.append(
             s.generate(
@@ -160,11 +161,11 @@ def test_greedy_answer_and_seeded_sampling(smollm2_engine: Engine) -> None:
             ).tokens
         )
     assert runs[0] == runs[1]
-    short = e.create_session()
+    short = SessionCache(e)
     short.prefill(e.encode(prompt))
     cut = short.generate(SamplingParams(max_new_tokens=3))
     assert cut.finish_reason == "length" and len(cut.tokens) == 3
-    again = e.create_session()
+    again = SessionCache(e)
     again.prefill(e.encode(prompt))
     stopped = again.generate(SamplingParams(max_new_tokens=24, stop=(" of France",)))
     assert stopped.finish_reason == "stop" and stopped.text == "The capital"
@@ -173,7 +174,7 @@ def test_greedy_answer_and_seeded_sampling(smollm2_engine: Engine) -> None:
 def test_text_directives_are_tokenized_by_the_engine(smollm2_engine: Engine, doc) -> None:
     e = smollm2_engine
     tokens, start, end, stub = doc
-    session = e.create_session()
+    session = SessionCache(e)
     session.prefill(tokens)
     report = session.apply_directives(
         [

@@ -1,7 +1,8 @@
-"""The entry point, the wire structs, and the directive service over real cache classes.
+"""The entry point, the wire structs, and the session core over real cache classes.
 
-The zmq hop and SGLang's HTTP server are not run (no CPU build of SGLang's server); the
-service talks to ``scheduler_side.handle`` in-process instead, on a real tree and pool.
+The zmq hop and SGLang's HTTP server are not run here (``make sglang-live-check`` runs
+them); the core's service and ``SglangBackend`` talk to ``scheduler_side.handle``
+in-process instead, on a real tree and pool.
 """
 
 from __future__ import annotations
@@ -16,13 +17,22 @@ import pytest
 import torch
 
 from leyline.protocol import ErrorCode, FallbackReason, LeylineError, Limits, Path
+from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import ForgetDirective, SpliceDirective
+from leyline.protocol.resources import ApplyDirectives, SessionCreate
 from leyline.protocol.spans import TokenSpan
+from leyline.server_adapter.core.service import SessionService
+from leyline.server_adapter.core.sessions import DEFAULT_TENANT, SessionStore
 from leyline.server_adapter.sglang import plugin
-from leyline.server_adapter.sglang.directive_service import DirectiveService
+from leyline.server_adapter.sglang.backend import SchedulerAnswer, SglangBackend
 from leyline.server_adapter.sglang.scheduler_side import handle
 from leyline.server_adapter.sglang.tree_ops import TreeOps
-from leyline.server_adapter.sglang.wire import LeylineSpliceReqInput, LeylineSpliceReqOutput
+from leyline.server_adapter.sglang.wire import (
+    LeylineSpliceReqInput,
+    LeylineSpliceReqOutput,
+    from_wire,
+    to_wire,
+)
 
 from ._stack import Stack, build
 from .test_splice_mla import _prefill_extension
@@ -73,32 +83,60 @@ class _LocalLink:
         )
         self.prefilled: list[int] = []
 
-    async def send(self, req: LeylineSpliceReqInput) -> LeylineSpliceReqOutput:
-        return handle(self.scheduler, req)
+    async def send(
+        self, verb: str, old_tokens: Sequence[int], edits: Sequence[Edit]
+    ) -> SchedulerAnswer:
+        return from_wire(handle(self.scheduler, to_wire(verb, old_tokens, edits)))
 
     async def prefill(self, tokens: Sequence[int]) -> None:
         self.prefilled.append(len(tokens))
         _prefill_extension(self.stack, list(tokens))
 
 
-def _service(stack: Stack) -> tuple[DirectiveService, _LocalLink]:
+class _Chars:
+    """A character-level tokenizer: enough for text replacements in these tests."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, tokens: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(t) for t in tokens)
+
+
+def _service(stack: Stack) -> tuple[SessionService[Any], _LocalLink]:
     link = _LocalLink(stack)
-    return DirectiveService(link, lambda t: [ord(c) for c in t], Limits()), link
+    backend = SglangBackend(link, _Chars(), limits=Limits(), vocab_size=1 << 16)
+    return SessionService(backend, SessionStore(backend)), link
 
 
 def _run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+def _create(service: SessionService[Any], session: str | None, tokens: list[int]) -> str:
+    info = _run(service.create(DEFAULT_TENANT, SessionCreate(session=session, tokens=tokens)))
+    return str(info.session)
+
+
+def _apply(service: SessionService[Any], session: str, directives: list[Any], base: int) -> Any:
+    body = ApplyDirectives(base_revision=base, directives=directives)
+    return _run(service.apply(DEFAULT_TENANT, session, body))
+
+
+def _tokens(service: SessionService[Any], session: str) -> tuple[int, ...]:
+    info = _run(service.get(DEFAULT_TENANT, session, include_tokens=True))
+    return tuple(info.tokens)
+
+
 def test_splice_directive_end_to_end_on_real_classes() -> None:
     stack = build("unified-rust")
     service, link = _service(stack)
-    session, _ = _run(service.create("s", OLD))
+    session = _create(service, "s", OLD)
     splice = SpliceDirective(span=TokenSpan(start=20, end=50), replacement=[7, 8, 9])
-    resp = _run(service.apply(session, [splice], 0, True))
-    assert (resp.path, resp.revision, resp.fallback_reason) == (Path.splice, 1, None)
+    resp = _apply(service, session, [splice], 1)
+    assert (resp.path, resp.revision, resp.fallback_reason) == (Path.splice, 2, None)
     assert link.prefilled == [80, 24]  # the session, then prefix + replacement + 1
-    new = service.get(session).tokens
+    new = _tokens(service, session)
     assert new == tuple([*OLD[:20], 7, 8, 9, *OLD[50:]])
     assert resp.reused_tokens + resp.prefilled_tokens == len(new)
     assert TreeOps(stack.tree).match(list(new)).length == len(new)
@@ -107,24 +145,22 @@ def test_splice_directive_end_to_end_on_real_classes() -> None:
 def test_stale_revision_and_bad_span_are_typed_errors() -> None:
     stack = build("legacy")
     service, _ = _service(stack)
-    session, _ = _run(service.create(None, OLD))
+    session = _create(service, None, OLD)
     with pytest.raises(LeylineError) as info:
-        _run(service.apply(session, [SpliceDirective(span=TokenSpan(start=0, end=1))], 3, True))
+        _apply(service, session, [SpliceDirective(span=TokenSpan(start=0, end=1))], 3)
     assert info.value.code is ErrorCode.revision_conflict
     with pytest.raises(LeylineError) as info:
-        _run(service.apply(session, [SpliceDirective(span=TokenSpan(start=0, end=99))], 0, True))
+        _apply(service, session, [SpliceDirective(span=TokenSpan(start=0, end=99))], 1)
     assert info.value.code is ErrorCode.invalid_span
-    assert service.get(session).revision == 0
+    assert _run(service.get(DEFAULT_TENANT, session)).revision == 1
 
 
 def test_evicted_source_falls_back_with_its_reason() -> None:
     stack = build("unified-python")
     service, _ = _service(stack)
-    session, _ = _run(service.create("s", OLD))
+    session = _create(service, "s", OLD)
     TreeOps(stack.tree).evict_all()
-    resp = _run(
-        service.apply(session, [SpliceDirective(span=TokenSpan(start=10, end=20))], 0, True)
-    )
+    resp = _apply(service, session, [SpliceDirective(span=TokenSpan(start=10, end=20))], 1)
     assert (resp.path, resp.fallback_reason) == (Path.reprefill, FallbackReason.missing_source)
     assert resp.reused_tokens == 10
 
@@ -132,9 +168,7 @@ def test_evicted_source_falls_back_with_its_reason() -> None:
 def test_forget_directive_purges_and_answers_reprefill() -> None:
     stack = build("legacy")
     service, _ = _service(stack)
-    session, _ = _run(service.create("s", OLD))
-    resp = _run(
-        service.apply(session, [ForgetDirective(span=TokenSpan(start=30, end=40))], 0, True)
-    )
+    session = _create(service, "s", OLD)
+    resp = _apply(service, session, [ForgetDirective(span=TokenSpan(start=30, end=40))], 1)
     assert (resp.path, resp.fallback_reason, resp.reused_tokens) == (Path.reprefill, None, 30)
     assert TreeOps(stack.tree).match(OLD).length == 30

@@ -10,8 +10,8 @@ from leyline.protocol.fallback import FallbackReason
 
 from .errors import SpliceUnsupportedError
 from .reports import OpReport
+from .run_executor import execute_edit, slice_kv
 from .session_state import SessionState
-from .splice import execute_edit, slice_kv
 
 if TYPE_CHECKING:
     from .engine import Engine

@@ -1,0 +1,90 @@
+"""The one small interface a serving backend implements for the session core.
+
+The core owns sessions, revisions, leases, limits, tenants, planning and the routes; a
+backend owns a KV cache. It opens a handle per session, makes a handle hold a token
+sequence (``prefill``), executes checked plans (``execute``) and says what it did. The
+reference engine (``leyline.server_adapter.engine_backend``) and the SGLang plugin
+(``leyline.server_adapter.sglang.backend``) are the two implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from leyline.protocol.capabilities import Capabilities, Limits
+from leyline.protocol.resources import Message
+from leyline.protocol.spans import MessageSpan
+
+from .batch import EditPlan, SessionView
+from .report import OpReport
+
+H = TypeVar("H")
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """Messages rendered with the backend's chat template."""
+
+    tokens: tuple[int, ...]
+    spans: tuple[MessageSpan, ...]
+
+
+class Backend(Protocol[H]):
+    """A KV cache the core drives. ``H`` is the backend's per-session handle.
+
+    Handles are only touched by one request at a time (the core leases them), so a backend
+    needs no per-session locking of its own. ``prefill`` and ``execute`` must be
+    all-or-nothing: when they raise, ``view(handle)`` is as before.
+    """
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def capabilities(self) -> Capabilities: ...
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """Text to token ids, no special tokens (raises ``LeylineError`` without a tokenizer)."""
+        ...
+
+    def decode(self, tokens: Sequence[int]) -> str: ...
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Message] | None,
+        *,
+        add_generation_prompt: bool,
+    ) -> Rendered:
+        """Messages through the model's chat template, with each message's token span."""
+        ...
+
+    def open(self) -> H:
+        """A new, empty session handle (nothing cached yet)."""
+        ...
+
+    def view(self, handle: H) -> SessionView: ...
+
+    def nbytes(self, handle: H) -> int:
+        """Bytes of KV the handle keeps alive on its own (for the eviction budget)."""
+        ...
+
+    def close(self, handle: H) -> None:
+        """Let go of everything the handle holds (delete or eviction)."""
+        ...
+
+    async def prefill(
+        self, handle: H, tokens: Sequence[int], spans: Sequence[MessageSpan]
+    ) -> OpReport:
+        """Make the handle hold ``tokens`` (reusing what it can) with these message spans."""
+        ...
+
+    async def execute(self, handle: H, plan: EditPlan, *, allow_fallback: bool) -> OpReport:
+        """Run a checked plan; the handle then holds ``plan.tokens`` at revision + 1 with
+        ``plan.spans``. Raises ``SpliceUnsupportedError`` when a splice cannot run exactly
+        and ``allow_fallback`` is false."""
+        ...

@@ -1,0 +1,160 @@
+"""Every rule a write to a session must pass, checked before anything changes.
+
+A directive batch becomes an :class:`EditPlan`: the revision it addresses is current, its
+directives resolve (anchors, text) with the protocol's own code, the server's limits hold,
+the edited sequence is valid, and the message spans of the new revision are known. Both
+backends execute plans and never re-check: a rule lives here once, so it holds on both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from leyline.protocol.algebra import Edit, EditResult, apply_edits
+from leyline.protocol.capabilities import Limits
+from leyline.protocol.directives import Directive, Mode, Verb
+from leyline.protocol.errors import ErrorCode, LeylineError
+from leyline.protocol.resolve import resolve_batch
+from leyline.protocol.spans import MessageSpan
+
+from .spans import remap_spans
+
+Tokenize = Callable[[str], Sequence[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """What a client can see of a session: the protocol state, no KV."""
+
+    tokens: tuple[int, ...] = ()
+    revision: int = 0
+    spans: tuple[MessageSpan, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EditPlan:
+    """A checked batch, ready to execute on the revision it was planned against."""
+
+    base: SessionView
+    edits: tuple[Edit, ...]
+    result: EditResult
+    spans: tuple[MessageSpan, ...]
+    """The new revision's message spans."""
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self.result.tokens
+
+    @property
+    def forget_from(self) -> int | None:
+        """Where the earliest FORGET starts (nothing derived from it may stay), or None."""
+        starts = [e.start for e in self.edits if e.mode is Mode.forget]
+        return min(starts) if starts else None
+
+    @property
+    def is_identity(self) -> bool:
+        return self.result.is_identity
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def check_revision(view: SessionView, base_revision: int | None) -> None:
+    """A write addressed to an older revision is a conflict, never a silent overwrite."""
+    if base_revision is not None and base_revision != view.revision:
+        raise LeylineError(
+            ErrorCode.revision_conflict,
+            f"the request addressed revision {base_revision}; the session is at "
+            f"{view.revision}: re-read its tokens and spans",
+            "base_revision",
+        )
+
+
+def check_tokens(tokens: Sequence[int], vocab_size: int, limits: Limits, field: str) -> None:
+    """Token ids in the vocabulary and a sequence within the session limit."""
+    cap = limits.max_session_tokens
+    if cap is not None and len(tokens) > cap:
+        raise LeylineError(
+            ErrorCode.session_too_long,
+            f"the sequence would be {len(tokens)} tokens; this server takes at most {cap}",
+            field,
+        )
+    check_vocab(tokens, vocab_size, field)
+
+
+def check_vocab(tokens: Sequence[int], vocab_size: int, field: str) -> None:
+    bad = [t for t in tokens if not 0 <= t < vocab_size]
+    if bad:
+        raise LeylineError(
+            ErrorCode.invalid_directive,
+            f"token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})",
+            field,
+        )
+
+
+def check_edit_limits(edits: Sequence[Edit], limits: Limits) -> None:
+    if limits.max_directives is not None and len(edits) > limits.max_directives:
+        raise LeylineError(
+            ErrorCode.too_many_directives,
+            f"{len(edits)} edits; at most {limits.max_directives}",
+            "directives",
+        )
+    cap = limits.max_replacement_tokens
+    for e in edits:
+        if cap is not None and len(e.replacement) > cap:
+            raise LeylineError(
+                ErrorCode.replacement_too_long,
+                f"replacement of {len(e.replacement)} tokens; at most {cap}",
+                f"directives[{e.index}].replacement",
+            )
+
+
+def plan_edits(
+    view: SessionView,
+    edits: Sequence[Edit],
+    *,
+    limits: Limits,
+    vocab_size: int,
+    base_revision: int | None = None,
+) -> EditPlan:
+    """Check resolved token edits against ``view``; raises ``LeylineError`` on any rule."""
+    check_revision(view, base_revision)
+    # Mode(...) also accepts plain strings; the algebra compares modes by identity.
+    normal = tuple(
+        Edit(e.start, e.end, tuple(int(t) for t in e.replacement), Mode(e.mode), e.index)
+        for e in edits
+    )
+    check_edit_limits(normal, limits)
+    result = apply_edits(view.tokens, normal)
+    check_tokens(result.tokens, vocab_size, limits, "directives")
+    return EditPlan(view, normal, result, remap_spans(view.spans, normal))
+
+
+def plan_batch(
+    view: SessionView,
+    directives: Sequence[Directive],
+    *,
+    tokenize: Tokenize,
+    limits: Limits,
+    vocab_size: int,
+    supported: Collection[Verb],
+    base_revision: int | None = None,
+) -> EditPlan:
+    """Resolve a protocol batch against ``view`` (anchors, text) and check it whole."""
+    check_revision(view, base_revision)
+    batch = resolve_batch(
+        directives,
+        length=len(view.tokens),
+        tokenize=tokenize,
+        spans=view.spans,
+        limits=limits,
+        supported=supported,
+    )
+    return plan_edits(view, batch.edits, limits=limits, vocab_size=vocab_size)

@@ -1,0 +1,77 @@
+"""The ``/leyline/v1`` resources, mounted by both servers (the reference app and SGLang's).
+
+The router is self-contained: its routes check the raw body and answer every failure with
+the protocol's error body by themselves (``route_guard.LeylineRoute``), so mounting it on
+another server's app changes nothing of that app's own routes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from leyline.protocol import Capabilities, LeylineResponse
+from leyline.protocol.resources import (
+    ApplyDirectives,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    Routes,
+    SessionCreate,
+    SessionInfo,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from leyline.protocol.schema import build_schema
+
+from .route_guard import LeylineRoute
+from .service import SessionService
+from .sessions import DEFAULT_TENANT
+
+
+def tenant_of(request: Request) -> str:
+    """The tenant an authenticated request belongs to (set by the server's auth layer)."""
+    return str(getattr(request.state, "tenant", None) or DEFAULT_TENANT)
+
+
+def leyline_router(service: SessionService[Any]) -> APIRouter:
+    router = APIRouter(tags=["Leyline"], route_class=LeylineRoute)
+
+    @router.get(Routes.capabilities)
+    async def capabilities() -> Capabilities:
+        return service.capabilities()
+
+    @router.post(Routes.sessions, status_code=201)
+    async def create_session(body: SessionCreate, request: Request) -> SessionInfo:
+        """Create a session, optionally prefilled from messages, text or token ids."""
+        return await service.create(tenant_of(request), body)
+
+    @router.get(Routes.session)
+    async def get_session(session: str, request: Request, tokens: bool = False) -> SessionInfo:
+        return await service.get(tenant_of(request), session, tokens)
+
+    @router.delete(Routes.session, status_code=204)
+    async def delete_session(session: str, request: Request) -> Response:
+        await service.delete(tenant_of(request), session)
+        return Response(status_code=204)
+
+    @router.post(Routes.directives)
+    async def apply_directives(
+        session: str, body: ApplyDirectives, request: Request
+    ) -> LeylineResponse:
+        """Apply a batch without generating (all-or-nothing; 409 on a stale revision)."""
+        return await service.apply(tenant_of(request), session, body)
+
+    @router.post(Routes.tokenize)
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        return await service.tokenize(body)
+
+    @router.post(Routes.detokenize)
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        return await service.detokenize(body)
+
+    @router.get(Routes.schema)
+    async def schema() -> dict[str, Any]:
+        return build_schema()
+
+    return router

@@ -1,0 +1,159 @@
+"""The ``/leyline/v1`` operations over any backend: sessions, directives, tokens.
+
+Every write is checked whole before anything changes (the revision it addresses, the
+directives, the limits, the tokens it would leave), so a rejected request leaves every
+session exactly as it was and creates nothing. Work that needs no model (rendering,
+tokenizing) runs off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Generic
+
+from leyline.protocol import (
+    Capabilities,
+    Directive,
+    ErrorCode,
+    LeylineError,
+    LeylineResponse,
+    Verb,
+)
+from leyline.protocol.resources import (
+    ApplyDirectives,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    SessionCreate,
+    SessionInfo,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from leyline.protocol.spans import MessageSpan
+
+from .backend import Backend, H
+from .batch import EditPlan, check_tokens, check_vocab, plan_batch
+from .sessions import Session, SessionStore
+
+
+class SessionService(Generic[H]):
+    def __init__(
+        self,
+        backend: Backend[H],
+        store: SessionStore[H],
+        *,
+        on_op: Callable[[LeylineResponse], None] = lambda r: None,
+    ) -> None:
+        self.backend = backend
+        self.store = store
+        self._on_op = on_op
+
+    @property
+    def verbs(self) -> list[Verb]:
+        return self.backend.capabilities().verbs
+
+    def capabilities(self) -> Capabilities:
+        return self.backend.capabilities()
+
+    def info(self, session: Session[H], include_tokens: bool = False) -> SessionInfo:
+        view = self.backend.view(session.handle)
+        return SessionInfo(
+            session=session.id,
+            revision=view.revision,
+            num_tokens=len(view.tokens),
+            tokens=list(view.tokens) if include_tokens else None,
+            spans=list(view.spans),
+        )
+
+    async def plan(
+        self, session: Session[H], directives: Sequence[Directive], base_revision: int | None
+    ) -> EditPlan:
+        """Check a batch against the leased session (tokenizing off the event loop)."""
+        return await asyncio.to_thread(
+            plan_batch,
+            self.backend.view(session.handle),
+            directives,
+            tokenize=self.backend.encode,
+            limits=self.backend.limits,
+            vocab_size=self.backend.vocab_size,
+            supported=self.verbs,
+            base_revision=base_revision,
+        )
+
+    # -- sessions ------------------------------------------------------------------------
+
+    async def create(self, tenant: str, body: SessionCreate) -> SessionInfo:
+        """Create a session, optionally prefilled; nothing is created if any check fails."""
+        tokens, spans = await self._prompt_of(body)
+        check_tokens(tokens, self.backend.vocab_size, self.backend.limits, _source(body))
+        self.store.check_new(tenant, body.session)
+        session = self.store.create(tenant, body.session)
+        try:
+            async with self.store.lease(session):
+                if tokens:
+                    report = await self.backend.prefill(session.handle, tokens, spans)
+                    self._on_op(report.to_response(session.id))
+                if not self.store.fits(session):
+                    raise LeylineError(
+                        ErrorCode.limit_exceeded,
+                        f"a session of {len(tokens)} tokens does not fit this server's cache "
+                        "budget (--max-cache-gib)",
+                        _source(body),
+                    )
+                return self.info(session)
+        except BaseException:
+            if self.store.exists(tenant, session.id):
+                self.store.delete(tenant, session.id)  # a failed create leaves nothing behind
+            raise
+
+    async def get(self, tenant: str, session_id: str, include_tokens: bool = False) -> SessionInfo:
+        return self.info(self.store.get(tenant, session_id), include_tokens)
+
+    async def delete(self, tenant: str, session_id: str) -> None:
+        async with self.store.leased(tenant, session_id):  # after a running request ends
+            self.store.delete(tenant, session_id)
+
+    async def apply(self, tenant: str, session_id: str, body: ApplyDirectives) -> LeylineResponse:
+        """Apply a batch without generating: all-or-nothing, 409 on a stale revision."""
+        async with self.store.leased(tenant, session_id) as session:
+            plan = await self.plan(session, body.directives, body.base_revision)
+            report = await self.backend.execute(
+                session.handle, plan, allow_fallback=body.options.allow_fallback
+            )
+            response = report.to_response(session.id, self.backend.view(session.handle).spans)
+        self._on_op(response)
+        return response
+
+    # -- tokens --------------------------------------------------------------------------
+
+    async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
+        if body.text is not None:
+            tokens = await asyncio.to_thread(self.backend.encode, body.text)
+            return TokenizeResponse(tokens=list(tokens))
+        rendered = await asyncio.to_thread(
+            lambda: self.backend.render(
+                body.messages or [], body.tools, add_generation_prompt=body.add_generation_prompt
+            )
+        )
+        return TokenizeResponse(tokens=list(rendered.tokens), spans=list(rendered.spans))
+
+    async def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
+        check_vocab(body.tokens, self.backend.vocab_size, "tokens")
+        return DetokenizeResponse(text=self.backend.decode(body.tokens))
+
+    async def _prompt_of(
+        self, body: SessionCreate
+    ) -> tuple[tuple[int, ...], tuple[MessageSpan, ...]]:
+        if body.messages is not None:
+            messages = body.messages
+            rendered = await asyncio.to_thread(
+                lambda: self.backend.render(messages, None, add_generation_prompt=False)
+            )
+            return rendered.tokens, rendered.spans
+        if body.text is not None:
+            return await asyncio.to_thread(self.backend.encode, body.text), ()
+        return tuple(body.tokens or ()), ()
+
+
+def _source(body: SessionCreate) -> str:
+    return next((n for n in ("messages", "text", "tokens") if getattr(body, n) is not None), "")

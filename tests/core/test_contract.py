@@ -1,0 +1,234 @@
+"""The session core's contract, held by both backends through the same service.
+
+Each test runs twice: on the reference engine (real SmolLM2 weights) and on the SGLang
+backend over a scripted scheduler (``scripted_scheduler``; SGLang's real classes are in
+``tests/sglang``, a live server in ``tests/sglang_live``). A rule that lives in the core
+(revisions, spans, limits, tenants, nothing created or changed by a rejected request)
+must hold on both; the old SGLang service without a revision check fails these tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from leyline.protocol import ErrorCode, LeylineError, Limits, Path
+from leyline.protocol.algebra import Edit, apply_edits
+from leyline.protocol.directives import (
+    ErratumDirective,
+    ForgetDirective,
+    PinDirective,
+    SpliceDirective,
+)
+from leyline.protocol.resources import ApplyDirectives, SessionCreate
+from leyline.protocol.spans import MessageAnchor, TokenSpan
+from leyline.server_adapter.core.service import SessionService
+from leyline.server_adapter.core.sessions import SessionStore
+from leyline.server_adapter.engine import Engine
+from leyline.server_adapter.engine_backend import EngineBackend
+from leyline.server_adapter.models import LoadedModel, load_model
+from leyline.server_adapter.sglang.backend import SglangBackend
+
+from .scripted_scheduler import ScriptedScheduler
+
+pytestmark = [pytest.mark.model]
+
+LIMITS = Limits(max_directives=4, max_replacement_tokens=64, max_session_tokens=512)
+MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are a careful assistant."},
+    {"role": "user", "content": "Read the file notes.txt for me."},
+    {"role": "assistant", "content": "It says: the meeting moved to Thursday at noon."},
+    {"role": "user", "content": "When is the meeting?"},
+]
+A, B = "tenant-a", "tenant-b"
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> LoadedModel:
+    return load_model("smollm2")
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2: LoadedModel) -> Engine:
+    return Engine(smollm2, limits=LIMITS)
+
+
+@pytest.fixture(params=["engine", "sglang"])
+def service(request: pytest.FixtureRequest, engine: Engine) -> Iterator[SessionService[Any]]:
+    if request.param == "engine":
+        backend: Any = EngineBackend(engine, limits=LIMITS, model_name="smollm2")
+        yield SessionService(backend, SessionStore(backend, max_sessions=3))
+        backend.shutdown()
+    else:
+        scheduler = ScriptedScheduler()
+        backend = SglangBackend(
+            scheduler, engine.tokenizer, limits=LIMITS, vocab_size=engine.vocab_size
+        )
+        yield SessionService(backend, SessionStore(backend, max_sessions=3))
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def create(service: SessionService[Any], tenant: str = A, **body: Any) -> Any:
+    return run(service.create(tenant, SessionCreate.model_validate(body)))
+
+
+def apply(service: SessionService[Any], session: str, base: int, *directives: Any) -> Any:
+    body = ApplyDirectives(base_revision=base, directives=list(directives))
+    return run(service.apply(A, session, body))
+
+
+def state(service: SessionService[Any], session: str, tenant: str = A) -> Any:
+    return run(service.get(tenant, session, include_tokens=True))
+
+
+def code_of(action: Any) -> ErrorCode:
+    with pytest.raises(LeylineError) as info:
+        action()
+    return info.value.code
+
+
+def test_a_message_anchor_splices_and_the_spans_follow(service: SessionService[Any]) -> None:
+    info = create(service, session="s", messages=MESSAGES)
+    assert info.revision == 1 and len(info.spans) == len(MESSAGES)
+    before = state(service, "s")
+    stub = service.backend.encode("[stale]")
+    splice = SpliceDirective(span=MessageAnchor(message=2, part="content"), replacement=stub)
+    response = apply(service, "s", before.revision, splice)
+    assert response.revision == before.revision + 1
+    after = state(service, "s")
+    content = before.spans[2].content
+    expected = apply_edits(before.tokens, [Edit(content.start, content.end, tuple(stub))])
+    assert tuple(after.tokens) == expected.tokens
+    assert [s.message for s in after.spans] == [0, 1, 2, 3]
+    new_content = after.spans[2].content
+    assert after.tokens[new_content.start : new_content.end] == list(stub)
+    assert after.spans[3].end == len(after.tokens)
+
+
+def test_a_stale_revision_is_a_conflict_and_changes_nothing(
+    service: SessionService[Any],
+) -> None:
+    create(service, session="s", tokens=list(range(10, 60)))
+    before = state(service, "s")
+    splice = SpliceDirective(span=TokenSpan(start=5, end=9))
+    assert apply(service, "s", before.revision, splice).revision == before.revision + 1
+    # A second client still holding the old revision: refused, nothing lost.
+    after_first = state(service, "s")
+    assert code_of(lambda: apply(service, "s", before.revision, splice)) is (
+        ErrorCode.revision_conflict
+    )
+    assert state(service, "s") == after_first
+
+
+@pytest.mark.parametrize(
+    ("directive", "code"),
+    [
+        (SpliceDirective(span=TokenSpan(start=0, end=99)), ErrorCode.invalid_span),
+        (PinDirective(span=TokenSpan(start=0, end=3)), ErrorCode.unsupported_verb),
+        (
+            SpliceDirective(span=TokenSpan(start=0, end=3), replacement=[5] * 65),
+            (ErrorCode.replacement_too_long),
+        ),
+        (
+            SpliceDirective(span=TokenSpan(start=0, end=3), replacement=[10**7]),
+            (ErrorCode.invalid_directive),
+        ),
+        (SpliceDirective(span=MessageAnchor(message=9)), ErrorCode.unresolved_anchor),
+    ],
+)
+def test_rejected_batches_change_nothing(
+    service: SessionService[Any], directive: Any, code: ErrorCode
+) -> None:
+    create(service, session="s", tokens=list(range(10, 60)))
+    before = state(service, "s")
+    assert code_of(lambda: apply(service, "s", before.revision, directive)) is code
+    assert state(service, "s") == before
+
+
+def test_a_rejected_create_creates_nothing(service: SessionService[Any]) -> None:
+    too_long = list(range(10, 10 + LIMITS.max_session_tokens + 1))  # type: ignore[operator]
+    assert code_of(lambda: create(service, session="x", tokens=too_long)) is (
+        ErrorCode.session_too_long
+    )
+    assert code_of(lambda: create(service, session="y", tokens=[1, 10**7])) is (
+        ErrorCode.invalid_directive
+    )
+    assert len(service.store) == 0
+    create(service, session="x", tokens=[1, 2, 3])  # the id is free: nothing was kept
+    assert code_of(lambda: create(service, session="x")) is ErrorCode.invalid_directive
+
+
+def test_sessions_belong_to_their_tenant(service: SessionService[Any]) -> None:
+    create(service, A, session="1", tokens=[5, 6, 7])
+    splice = ApplyDirectives(
+        base_revision=1, directives=[ForgetDirective(span=TokenSpan(start=0, end=1))]
+    )
+    for action in (
+        lambda: run(service.get(B, "1")),
+        lambda: run(service.apply(B, "1", splice)),
+        lambda: run(service.delete(B, "1")),
+    ):
+        assert code_of(action) is ErrorCode.unknown_session
+    # Tenant B may use the same id for a session of its own; A's is untouched.
+    create(service, B, session="1", tokens=[9])
+    assert state(service, "1", A).tokens == [5, 6, 7]
+    assert state(service, "1", B).tokens == [9]
+
+
+def test_forget_and_erratum_report_their_paths(service: SessionService[Any]) -> None:
+    create(service, session="s", tokens=list(range(10, 60)))
+    forget = apply(service, "s", 1, ForgetDirective(span=TokenSpan(start=20, end=30)))
+    assert forget.path is Path.reprefill and forget.revision == 2
+    assert state(service, "s").tokens == [*range(10, 30), *range(40, 60)]
+    erratum = apply(service, "s", 2, ErratumDirective(text=[7, 8]))
+    assert erratum.revision == 3
+    assert state(service, "s").tokens[-2:] == [7, 8]
+
+
+def test_concurrent_writes_to_one_revision_one_wins(service: SessionService[Any]) -> None:
+    create(service, session="s", tokens=list(range(10, 60)))
+
+    async def race() -> list[Any]:
+        body = ApplyDirectives(
+            base_revision=1, directives=[SpliceDirective(span=TokenSpan(start=3, end=8))]
+        )
+        return await asyncio.gather(
+            *(service.apply(A, "s", body) for _ in range(4)), return_exceptions=True
+        )
+
+    outcomes = run(race())
+    wins = [o for o in outcomes if not isinstance(o, BaseException)]
+    losses = [o for o in outcomes if isinstance(o, LeylineError)]
+    assert len(wins) == 1 and len(losses) == 3
+    assert {e.code for e in losses} == {ErrorCode.revision_conflict}
+    assert state(service, "s").revision == 2
+
+
+def test_a_request_waiting_on_a_deleted_session_is_told(service: SessionService[Any]) -> None:
+    create(service, session="s", tokens=list(range(10, 60)))
+
+    async def race() -> list[Any]:
+        body = ApplyDirectives(
+            base_revision=1, directives=[SpliceDirective(span=TokenSpan(start=3, end=8))]
+        )
+        delete = service.delete(A, "s")
+        later = service.apply(A, "s", body)
+        return await asyncio.gather(delete, later, return_exceptions=True)
+
+    deleted, later = run(race())
+    assert deleted is None
+    assert isinstance(later, LeylineError) and later.code is ErrorCode.unknown_session
+    assert len(service.store) == 0
+
+
+def test_the_count_limit_evicts_idle_sessions_first(service: SessionService[Any]) -> None:
+    for name in ("a", "b", "c", "d"):
+        create(service, session=name, tokens=[1, 2, 3])
+    assert service.store.ids(A) == ["b", "c", "d"]  # "a" was least recently used
+    assert code_of(lambda: run(service.get(A, "a"))) is ErrorCode.unknown_session
