@@ -57,5 +57,12 @@ sglang-check:
 	bash server_adapter/sglang/setup_env.sh
 	.venv-sglang/bin/python -m pytest -q -p no:cacheprovider tests/sglang
 
+# The plugin in a real SGLang 0.5.23 server on this CPU (no GPU, no sgl_kernel): one server at
+# a time on SmolLM2 (GQA) and a tiny DeepSeek-V2 (MLA), tested live over HTTP against the
+# reference engine on the same weights (tests/sglang_live; docs/sglang.md, "Live on CPU").
+.PHONY: sglang-live-check
+sglang-live-check: setup
+	bash server_adapter/sglang/live_check.sh
+
 clean:
 	rm -rf $(VENV) $(SDK_VENV) .venv-debuggym .venv-sglang .pytest_cache .mypy_cache .ruff_cache

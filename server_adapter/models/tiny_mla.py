@@ -11,10 +11,13 @@ they can (measured: correct rotation agrees with re-prefill far more often than 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from transformers import (
+    AutoTokenizer,
     DeepseekV2Config,
     DeepseekV2ForCausalLM,
     DeepseekV3Config,
@@ -80,3 +83,50 @@ def build_tiny_mla(
     model = model.to(dtype).eval()
     name = f"tiny-mla-{version}"
     return LoadedModel(model, None, name, f"random:{name}:seed={seed}", random_weights=True)
+
+
+#: DeepSeek-V2's YaRN shape, scaled down. SGLang's CPU rope for MLA accepts only YaRN
+#: (``deepseek_yarn``); ``mscale`` 1 with ``mscale_all_dim`` 0 puts the mscale (1.139) into
+#: the cached keys, so a splice that re-applied it would show.
+TINY_YARN: dict[str, Any] = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 1024,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.0,
+}
+
+
+def save_tiny_mla_dir(
+    directory: Path, *, seed: int = 0, tokenizer_dir: Path | None = None, **overrides: Any
+) -> Path:
+    """Write a tiny DeepSeek-V2 (YaRN rope, fp32 safetensors) as an HF directory that SGLang
+    serves and :func:`~leyline.server_adapter.models.load_model` loads.
+
+    ``tokenizer_dir``: copy that tokenizer in and size the vocabulary to it, so the server
+    takes text as well as token ids. ``moe_layer_freq`` is added to the config: SGLang's
+    DeepSeek-V2 reads it even with every layer dense; transformers has no such field.
+    """
+    tokenizer = None
+    if tokenizer_dir is not None:
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+        special = {
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        }
+        overrides = {"vocab_size": len(tokenizer), **special, **overrides}
+    overrides.setdefault("max_position_embeddings", 4096)
+    loaded = build_tiny_mla("v2", seed=seed, rope_parameters=TINY_YARN, **overrides)
+    directory.mkdir(parents=True, exist_ok=True)
+    loaded.model.save_pretrained(str(directory), safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(directory))
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text())
+    config["moe_layer_freq"] = 1
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+    return directory

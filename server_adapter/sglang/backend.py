@@ -154,7 +154,9 @@ class SglangBackend:
 
     # -- handles ------------------------------------------------------------------------
 
-    def open(self) -> SglangSession:
+    def open(self, salt: str) -> SglangSession:
+        # SGLang's radix tree is one cache for the whole server: the plugin cannot salt it
+        # (docs/sglang.md). Sessions themselves are still isolated by the core.
         return SglangSession()
 
     def view(self, handle: SglangSession) -> SessionView:

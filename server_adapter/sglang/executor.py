@@ -169,9 +169,11 @@ class SpliceExecutor:
             elif start == run.new_start and run.new_start in inserted_rows:
                 segments.append(_Segment(start, run.new_end, None, 0, inserted_rows[run.new_start]))
             else:
-                # No KV for this run: a generate prefills it (and one token past it, so the
-                # tree surely holds the whole run whatever the server caches of a prompt).
-                return segments, start, run.new_end + 1
+                # No KV for this run: a generate of exactly up to its end prefills it (a
+                # generate caches its whole prompt, verified live; one token more would give
+                # the first downstream token fresh KV instead of its old KV rotated). Should
+                # a server cache less, the repeated request ends in a typed fallback.
+                return segments, start, run.new_end
         return segments, runs[-1].new_end if runs else 0, None
 
     def _reason(self, stop: int, pending: int | None) -> FallbackReason | None:

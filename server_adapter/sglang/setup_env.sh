@@ -9,7 +9,8 @@
 # modules it imports, with the pins that matter. PyPI's torchvision fails beside CPU torch;
 # sglang imports it only for multimodal preprocessing, and the tests put a stand-in on their
 # own path (tests/sglang/_stubs), never into site-packages. Leyline goes in editable and
-# without extras, plus the few packages its engine modules import.
+# without extras, plus the few packages its engine modules import. The same venv runs a live
+# CPU server (server_adapter/sglang/live_server.sh) with five more packages.
 #
 # Environment overrides:
 #   LEYLINE_SGLANG_VENV   where the venv goes      (default: <repo>/.venv-sglang)
@@ -30,6 +31,9 @@ requirements=(
   apache-tvm-ffi==0.1.11 sentencepiece compressed-tensors gguf openai==2.8.0
   partial_json_parser setproctitle einops uvicorn fastapi
 )
+# What a live server (`python -m sglang.launch_server`, make sglang-live-check) imports on top
+# of the cache classes: each one a ModuleNotFoundError or FastAPI RuntimeError at launch.
+server_requirements=(uvloop python-multipart jsonschema xgrammar==0.2.7 soundfile==0.13.1)
 # The Leyline side: the SDK's own dependencies come with `-e .`; the tests need these.
 leyline_extras=(httpx tiktoken safetensors pytest hypothesis)
 
@@ -40,7 +44,8 @@ make_venv 3.11 "${PYTHON311:-}"
 # The stamp hashes the pins and pyproject.toml: a change to either reinstalls.
 stamp=$venv/.leyline-setup-stamp
 want=$( {
-  printf '%s\n' "$torch_pin" "${nodeps[@]}" "${requirements[@]}" "${leyline_extras[@]}"
+  printf '%s\n' "$torch_pin" "${nodeps[@]}" "${requirements[@]}" "${server_requirements[@]}"
+  printf '%s\n' "${leyline_extras[@]}"
   cat "$root/pyproject.toml"
 } | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
@@ -53,6 +58,8 @@ else
   pip_install --no-deps "${nodeps[@]}"
   say "pip install sglang's CPU-side dependencies (${#requirements[@]} packages)"
   pip_install "$torch_pin" "${requirements[@]}"
+  say "pip install what the live server imports: ${server_requirements[*]}"
+  pip_install "$torch_pin" "${server_requirements[@]}"
   say "pip install --no-deps -e $root, then ${leyline_extras[*]}"
   pip_install --no-deps -e "$root"
   pip_install "$torch_pin" "${leyline_extras[@]}"

@@ -135,7 +135,7 @@ def test_splice_directive_end_to_end_on_real_classes() -> None:
     splice = SpliceDirective(span=TokenSpan(start=20, end=50), replacement=[7, 8, 9])
     resp = _apply(service, session, [splice], 1)
     assert (resp.path, resp.revision, resp.fallback_reason) == (Path.splice, 2, None)
-    assert link.prefilled == [80, 24]  # the session, then prefix + replacement + 1
+    assert link.prefilled == [80, 23]  # the session, then the prefix and the replacement
     new = _tokens(service, session)
     assert new == tuple([*OLD[:20], 7, 8, 9, *OLD[50:]])
     assert resp.reused_tokens + resp.prefilled_tokens == len(new)

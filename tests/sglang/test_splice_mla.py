@@ -103,7 +103,7 @@ def test_replacement_without_rows_asks_for_a_prefill_then_completes(kind: TreeKi
     executor = stack.executor()
     edit = Edit(20, 50, (7, 8, 9))
     first = executor.splice(OLD, [edit])
-    assert first.pending_prefill == 24  # prefix + replacement + one token past it
+    assert first.pending_prefill == 23  # the prefix and the replacement
     head = list(first.tokens[: first.pending_prefill])
     # What SGLang's generate would do: hit the prefix, prefill the rest, cache it.
     stack.allocator.free(torch.empty(0, dtype=torch.int64))
@@ -111,7 +111,7 @@ def test_replacement_without_rows_asks_for_a_prefill_then_completes(kind: TreeKi
     second = executor.splice(OLD, [edit])
     assert second.pending_prefill is None
     assert TreeOps(stack.tree).match(list(second.tokens)).length == len(second.tokens)
-    assert second.rotated_tokens == 29  # the first moved token was prefilled by the generate
+    assert second.rotated_tokens == 30  # every moved token keeps its old KV, rotated
     TreeOps(stack.tree).evict_all()
     assert free_slot_count(stack) == (stack.size, stack.size)
 

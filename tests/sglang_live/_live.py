@@ -1,0 +1,115 @@
+"""What the live tests share: sessions and generates over HTTP, the reference engine's view
+of the same tokens and edits, and the one measure they are compared by."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import torch
+
+from leyline.protocol.algebra import Edit
+from leyline.protocol.resources import Routes
+
+if TYPE_CHECKING:
+    from leyline.server_adapter.engine import Engine
+
+TOP = 20
+TOLERANCE = 1e-3
+"""max |Δ logprob| between SGLang and the reference engine, both fp32."""
+
+_LINES = [
+    "The build of service {i} failed at step {j}: the linker could not find libfoo.so.",
+    "Tool output {i}: 14 files changed, {j} insertions, 3 deletions in src/core.",
+    "Note {i}: the cache keeps {j} entries and evicts the oldest one first.",
+    "Step {i}: the test suite ran {j} tests in 2.5 seconds and two of them failed.",
+]
+
+
+def prompt_text(tag: str, lines: int = 16) -> str:
+    """A tool-log-like prompt of a few hundred tokens. ``tag`` (plus a per-run nonce) makes
+    its first line unique, so no two checks share a radix-tree path: a splice is never
+    answered from KV that another check prefilled."""
+    head = f"Run {uuid.uuid4().hex[:8]}, check {tag}. The agent reads its log:\n"
+    body = "\n".join(_LINES[i % len(_LINES)].format(i=i, j=7 * i + 3) for i in range(lines))
+    return head + body + "\nQuestion: which step failed first? Answer:"
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    top: dict[int, float]
+    """SGLang's top-20 next-token logprobs, token id -> logprob."""
+    cached_tokens: int
+    prompt_tokens: int
+
+
+def create_session(server: httpx.Client, tokens: Sequence[int]) -> tuple[str, int]:
+    """A new session holding ``tokens``: its id and revision (what the next batch names)."""
+    reply = server.post(Routes.sessions, json={"tokens": list(tokens)})
+    assert reply.status_code == 201, reply.text
+    body = reply.json()
+    return str(body["session"]), int(body["revision"])
+
+
+def session_tokens(server: httpx.Client, session: str) -> tuple[list[int], int]:
+    reply = server.get(Routes.session.format(session=session), params={"tokens": "true"})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    return list(body["tokens"]), int(body["revision"])
+
+
+def apply(
+    server: httpx.Client, session: str, revision: int, directives: list[dict[str, Any]]
+) -> httpx.Response:
+    return server.post(
+        Routes.directives.format(session=session),
+        json={"base_revision": revision, "directives": directives},
+    )
+
+
+def generate(server: httpx.Client, tokens: Sequence[int]) -> Generated:
+    """SGLang's own ``/generate``, one greedy token: logprobs are log_softmax of the logits."""
+    reply = server.post(
+        "/generate",
+        json={
+            "input_ids": list(tokens),
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "top_logprobs_num": TOP,
+        },
+    )
+    assert reply.status_code == 200, reply.text
+    meta = reply.json()["meta_info"]
+    top = {int(tok): float(lp) for lp, tok, _text in meta["output_top_logprobs"][0]}
+    return Generated(top, int(meta["cached_tokens"]), int(meta["prompt_tokens"]))
+
+
+def reference_logprobs(
+    engine: Engine, tokens: Sequence[int], edits: Sequence[Edit] = ()
+) -> torch.Tensor:
+    """The reference engine's next-token logprobs after prefilling ``tokens`` and applying
+    ``edits`` (a splice rotates the downstream KV; a forget re-prefills), float64."""
+    from leyline.server_adapter.session import SessionCache
+
+    session = SessionCache(engine)  # standalone: no prefix cache, nothing shared
+    session.prefill(tokens)
+    if edits:
+        session.apply_edits(edits)
+    return torch.log_softmax(session.next_token_logits().double(), -1)
+
+
+def max_delta(top: dict[int, float], reference: torch.Tensor) -> float:
+    """max |Δ logprob| over SGLang's top-20 tokens against the reference's full vector."""
+    return max(abs(lp - float(reference[tok])) for tok, lp in top.items())
+
+
+def record(path: Path | None, **figures: Any) -> None:
+    """Append one measured line to the run's report (printed by make sglang-live-check)."""
+    if path is not None:
+        with path.open("a") as f:
+            f.write(json.dumps(figures) + "\n")

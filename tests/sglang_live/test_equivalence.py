@@ -1,0 +1,169 @@
+"""SGLang's own forward on the KV the plugin built vs the reference engine on the same weights.
+
+Each check: a session on the live server, an edit through ``/leyline/v1``, then SGLang's
+``/generate`` of the session's tokens (one greedy token, top-20 logprobs). The reference
+engine prefills the same tokens and applies the same edit; both run in fp32, so the
+next-token logprobs must agree to ``TOLERANCE``. The negative control switches the plugin's
+rotation off (tests/sglang_live/_stubs/leyline_live_shims.py) and must disagree.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from leyline.protocol.algebra import Edit
+from leyline.protocol.directives import Mode
+
+from ._live import (
+    TOLERANCE,
+    Generated,
+    apply,
+    create_session,
+    generate,
+    max_delta,
+    prompt_text,
+    record,
+    reference_logprobs,
+    session_tokens,
+)
+
+if TYPE_CHECKING:
+    from leyline.server_adapter.engine import Engine
+
+CUT = 40  # tokens removed from the middle of the prompt
+STUB = " [tool output removed]"
+ROTATION_OFF_FLAG = "LEYLINE_LIVE_ROTATION_OFF_FLAG"
+
+
+@dataclass(frozen=True, slots=True)
+class Spliced:
+    tokens: list[int]
+    """The session's tokens before the splice."""
+    edit: Edit
+    got: Generated
+    """SGLang's generate after the splice."""
+    response: dict[str, Any]
+
+    def facts(self) -> dict[str, Any]:
+        span = [self.edit.start, self.edit.end]
+        return {"tokens": len(self.tokens), "span": span, "response": self.response}
+
+
+def _splice(server: httpx.Client, reference: Engine, tag: str, replacement_text: str) -> Spliced:
+    """Splice the middle of a fresh session on the server, then generate after it."""
+    tokens = list(reference.encode(prompt_text(tag)))
+    session, base = create_session(server, tokens)
+    start = len(tokens) // 3
+    replacement = list(reference.encode(replacement_text)) if replacement_text else []
+    edit = Edit(start, start + CUT, tuple(replacement))
+    directive = {"verb": "splice", "span": {"start": edit.start, "end": edit.end}}
+    reply = apply(server, session, base, [directive | {"replacement": replacement}])
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["path"] == "splice" and body["fallback_reason"] is None, body
+    assert body["rotated_tokens"] > 0, body
+    new, revision = session_tokens(server, session)
+    assert new == tokens[:start] + replacement + tokens[edit.end :] and revision == base + 1
+    got = generate(server, new)
+    assert got.cached_tokens == len(new) - 1, "the spliced sequence should hit the cache"
+    return Spliced(tokens, edit, got, body)
+
+
+def test_prefill_matches_reference(
+    server: httpx.Client, reference: Engine, report_path: Path | None
+) -> None:
+    """The noise floor: no edit, SGLang's prefill vs the reference's."""
+    tokens = list(reference.encode(prompt_text("prefill")))
+    got = generate(server, tokens)
+    delta = max_delta(got.top, reference_logprobs(reference, tokens))
+    record(report_path, check="prefill (no edit)", max_delta_logprob=delta, tokens=len(tokens))
+    assert delta <= TOLERANCE
+
+
+def test_splice_matches_reference_splice(
+    server: httpx.Client, reference: Engine, report_path: Path | None
+) -> None:
+    """A cut (no replacement): every downstream token's KV is rotated, none recomputed."""
+    s = _splice(server, reference, "splice-cut", "")
+    delta = max_delta(s.got.top, reference_logprobs(reference, s.tokens, [s.edit]))
+    record(report_path, check="splice (cut)", max_delta_logprob=delta, **s.facts())
+    assert delta <= TOLERANCE
+
+
+def test_splice_with_replacement(
+    server: httpx.Client, reference: Engine, report_path: Path | None
+) -> None:
+    """The replacement is prefilled by an ordinary generate of ``new[:end of the
+    replacement]``; every downstream token keeps its old KV, rotated. Equal to the
+    reference's splice of the same edit."""
+    s = _splice(server, reference, "splice-replace", STUB)
+    delta = max_delta(s.got.top, reference_logprobs(reference, s.tokens, [s.edit]))
+    record(report_path, check="splice (replace)", max_delta_logprob=delta, **s.facts())
+    assert delta <= TOLERANCE
+
+
+def test_forget_matches_fresh_prefill(
+    server: httpx.Client, reference: Engine, report_path: Path | None
+) -> None:
+    tokens = list(reference.encode(prompt_text("forget")))
+    session, base = create_session(server, tokens)
+    start, end = len(tokens) // 3, len(tokens) // 3 + CUT
+    forget = {"verb": "forget", "span": {"start": start, "end": end}}
+    reply = apply(server, session, base, [forget])
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["path"] == "reprefill", reply.text
+    new, _ = session_tokens(server, session)
+    assert new == tokens[:start] + tokens[end:]
+    got = generate(server, new)
+    assert got.cached_tokens <= start, "KV past the forgotten span was reused"
+    fresh = reference_logprobs(reference, new)
+    forgot = reference_logprobs(reference, tokens, [Edit(start, end, (), Mode.forget)])
+    delta = max_delta(got.top, fresh)
+    record(report_path, check="forget vs fresh prefill", max_delta_logprob=delta)
+    assert delta <= TOLERANCE
+    assert max_delta(got.top, forgot) <= TOLERANCE  # the reference's forget is a re-prefill
+
+
+def test_identity_edit_changes_nothing(server: httpx.Client, reference: Engine) -> None:
+    tokens = list(reference.encode(prompt_text("identity")))
+    session, base = create_session(server, tokens)
+    before = generate(server, tokens)
+    start, end = len(tokens) // 3, len(tokens) // 3 + CUT
+    directive = {"verb": "splice", "span": {"start": start, "end": end}}
+    reply = apply(server, session, base, [directive | {"replacement": tokens[start:end]}])
+    assert reply.status_code == 200, reply.text
+    assert session_tokens(server, session)[0] == tokens
+    after = generate(server, tokens)
+    assert after.cached_tokens == len(tokens) - 1
+    assert after.top == before.top  # the same cached KV, the same last-token forward
+
+
+def test_rotation_off_fails_the_comparison(
+    server: httpx.Client, reference: Engine, report_path: Path | None
+) -> None:
+    """Negative control: with the plugin's rotation switched off, the splice must disagree
+    with the reference. Passing only with the switch in place shows the comparison can fail."""
+    flag = os.environ.get(ROTATION_OFF_FLAG)
+    if not flag:
+        pytest.fail(
+            f"{ROTATION_OFF_FLAG} is not set: start the server with it (and tests/sglang_live/"
+            "_stubs on its PYTHONPATH, as live_server.sh does) and pass the same value here"
+        )
+    Path(flag).touch()
+    try:
+        s = _splice(server, reference, "rotation-off", "")
+    finally:
+        Path(flag).unlink()
+    delta = max_delta(s.got.top, reference_logprobs(reference, s.tokens, [s.edit]))
+    check = "splice (cut), rotation OFF: must fail"
+    record(report_path, check=check, max_delta_logprob=delta, **s.facts())
+    assert delta > 10 * TOLERANCE, (
+        f"with the rotation switched off the splice still matches (max |Δ| {delta:.2e}): the "
+        "switch had no effect; is the leyline_live_shims plugin loaded in the server?"
+    )
