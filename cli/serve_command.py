@@ -36,7 +36,14 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--api-key",
         default=None,
-        help="require `Authorization: Bearer KEY` on every route but /health",
+        help="require `Authorization: Bearer KEY` on every route but /health (one tenant)",
+    )
+    parser.add_argument(
+        "--api-keys-file",
+        default=None,
+        metavar="FILE",
+        help="one 'TENANT KEY' per line: each key authenticates as its tenant; sessions and "
+        "the shared prefix cache are partitioned by tenant (docs/server.md, 'Tenants')",
     )
     parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
@@ -78,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from leyline.server_adapter.http.serve import build_app
-        from leyline.server_adapter.http.settings import ServerSettings
+        from leyline.server_adapter.http.settings import ServerSettings, load_api_keys
     except ModuleNotFoundError as exc:  # an SDK-only install has no server stack
         print(
             f"leyline serve: needs the server extras ({exc.name} is not installed): "
@@ -94,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             api_key=args.api_key,
+            api_keys=load_api_keys(args.api_keys_file) if args.api_keys_file else (),
             log_level=args.log_level,
             max_body_bytes=args.max_body_bytes,
             max_directives=args.max_directives,

@@ -43,6 +43,8 @@ class TrieNode:
     last_access: int = 0
     refcount: int = 0
     children: dict[tuple[int, ...], TrieNode] = field(default_factory=dict)
+    doomed: bool = False
+    """Purged while referenced: detached (never matched again), freed at its last unlock."""
 
     @property
     def end(self) -> int:
@@ -53,16 +55,27 @@ class TrieNode:
 
 
 class BlockTrie:
+    """Block trie partitioned by salt: one root per salt, so two salts never share a block
+    (tenants, per-request ``cache_salt``). Budget and LRU span every partition."""
+
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.root = TrieNode(key=(), kv=(), parent=None, start=0, nbytes=0, id=0)
+        self._roots: dict[str, TrieNode] = {}
         self.blocks = self.bytes = self.locked_bytes = 0
         self._ids = itertools.count(1)
         self._clock = 0
+        self.root = self.root_of("")
 
-    def walk(self, toks: tuple[int, ...]) -> list[TrieNode]:
+    def root_of(self, salt: str) -> TrieNode:
+        root = self._roots.get(salt)
+        if root is None:
+            root = TrieNode(key=(), kv=(), parent=None, start=0, nbytes=0, id=next(self._ids))
+            self._roots[salt] = root
+        return root
+
+    def walk(self, toks: tuple[int, ...], salt: str = "") -> list[TrieNode]:
         """Cached nodes along the full blocks of ``toks``, root excluded, up to the first miss."""
-        bs, node, path = self.block_size, self.root, []
+        bs, node, path = self.block_size, self.root_of(salt), []
         for b in range(len(toks) // bs):
             child = node.children.get(toks[b * bs : (b + 1) * bs])
             if child is None:
@@ -97,7 +110,7 @@ class BlockTrie:
 
     def lock(self, node: TrieNode, *, ancestors: bool = True) -> None:
         cur: TrieNode | None = node
-        while cur is not None and cur is not self.root:
+        while cur is not None and cur.parent is not None:  # roots are never counted
             if cur.refcount == 0:
                 self.locked_bytes += cur.nbytes
             cur.refcount += 1
@@ -105,10 +118,13 @@ class BlockTrie:
 
     def unlock(self, node: TrieNode) -> None:
         cur: TrieNode | None = node
-        while cur is not None and cur is not self.root:
+        while cur is not None and cur.parent is not None:
             cur.refcount -= 1
             if cur.refcount == 0:
                 self.locked_bytes -= cur.nbytes
+                if cur.doomed:  # detached by a purge; its last holder is gone
+                    self.blocks -= 1
+                    self.bytes -= cur.nbytes
             cur = cur.parent
 
     def remove(self, node: TrieNode) -> None:
@@ -121,7 +137,7 @@ class BlockTrie:
         """Drops unreferenced leaves, least recently used first, until ``need`` bytes are
         freed or none is left. Returns (blocks, bytes) freed."""
         heap: list[tuple[int, int, TrieNode]] = []
-        stack = list(self.root.children.values())
+        stack = [child for root in self._roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
             if node.children:
@@ -138,22 +154,27 @@ class BlockTrie:
             # A parent whose last child went is now a leaf, and as old as that child or older.
             if (
                 parent is not None
-                and parent is not self.root
+                and parent.parent is not None
                 and not parent.children
                 and parent.refcount == 0
             ):
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
         return blocks, freed
 
-    def purge(self, toks: tuple[int, ...], start: int) -> tuple[list[BlockInfo], list[BlockInfo]]:
-        """Drops every unreferenced node whose path agrees with ``toks[: start + 1]``.
+    def purge(
+        self, toks: tuple[int, ...], start: int, salt: str = ""
+    ) -> tuple[list[BlockInfo], list[BlockInfo]]:
+        """Drops every node of ``salt`` whose path agrees with ``toks[: start + 1]``.
 
-        Returns (dropped, kept because referenced), children before parents."""
+        Unreferenced nodes go now. Referenced ones (another session holds them) are detached
+        and doomed: no lookup finds them again, and each is freed at its last unlock, so
+        nothing derived from ``toks[start]`` is reused by anyone once its holders let go.
+        Returns (dropped now, doomed), children before parents."""
         first = start // self.block_size * self.block_size
-        path = self.walk(toks[:first])
+        path = self.walk(toks[:first], salt)
         if len(path) * self.block_size < first:
             return [], []  # a block before `start` is not cached, so nothing after it is
-        parent = path[-1] if path else self.root
+        parent = path[-1] if path else self.root_of(salt)
         head = toks[first : start + 1]
         order: list[TrieNode] = []  # preorder; reversed, every child precedes its parent
         stack = [c for key, c in parent.children.items() if key[: len(head)] == head]
@@ -166,6 +187,9 @@ class BlockTrie:
         for node in reversed(order):
             if node.refcount:
                 kept.append(node.info())
+                node.doomed = True
+                assert node.parent is not None
+                node.parent.children.pop(node.key, None)
             else:
                 dropped.append(node.info())
                 self.remove(node)

@@ -97,8 +97,8 @@ class EngineBackend:
 
     # -- handles ------------------------------------------------------------------------
 
-    def open(self) -> SessionCache:
-        return SessionCache(self.engine)
+    def open(self, salt: str) -> SessionCache:
+        return SessionCache(self.engine, salt=salt)
 
     def view(self, handle: SessionCache) -> SessionView:
         return handle.view

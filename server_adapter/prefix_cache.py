@@ -6,6 +6,10 @@ Its payload is that block's per-layer KV (see ``kv_blocks``: any layout, sliced 
 ``seq_dim``). Its provenance is its path: a node covering positions ``[start, end)`` was
 computed attending to the path's tokens ``[0, end)``, and nothing else.
 
+Salts partition the cache: a block stored under one salt is never matched, purged or
+counted as reused under another (the server salts by tenant and per-request
+``cache_salt``, so no KV and no reuse count crosses them). Budget and LRU span all salts.
+
 API (every method is thread-safe; one lock guards the trie):
 
 ``PrefixCache(budget_bytes, *, block_size=16, seq_dim=-2)``
@@ -13,13 +17,13 @@ API (every method is thread-safe; one lock guards the trie):
     ``seq_dim``. ``budget_bytes=0`` disables caching. The first insert fixes the KV layout
     (layers, tensors per layer, their shapes without the sequence dim, dtype, device).
 
-``match(tokens, *, lock=False) -> MatchResult``
+``match(tokens, *, lock=False, salt='') -> MatchResult``
     Longest cached block-aligned prefix of ``tokens``. Returns ``matched_tokens`` (a multiple
     of ``block_size``), ``kv`` (a fresh concatenation, safe to edit in place; ``None`` when
     nothing matched) and, if ``lock``, a ``handle`` that keeps the matched blocks resident
     until ``unlock``. Counts a hit or a miss and refreshes the blocks' LRU age.
 
-``insert(tokens, kv, *, lock=False) -> InsertResult``
+``insert(tokens, kv, *, lock=False, salt='') -> InsertResult``
     Caches the full blocks of ``tokens`` (a trailing partial block is ignored); ``kv`` must
     have exactly ``len(tokens)`` entries along ``seq_dim``. Blocks already cached are kept,
     new ones are copied in. When a block would exceed the budget, least recently used
@@ -37,18 +41,19 @@ API (every method is thread-safe; one lock guards the trie):
 ``evict(nbytes) -> EvictResult``
     Frees at least ``nbytes`` (if possible) by dropping unreferenced leaves in LRU order.
 
-``purge(tokens, start, *, release=None) -> PurgeResult``
+``purge(tokens, start, *, release=None, salt='') -> PurgeResult``
     FORGET support. Drops every cached block that attended to ``tokens[start]`` in the
     context ``tokens[:start]``: every node whose path agrees with ``tokens[: start + 1]``.
     That is the sequence's block containing ``start`` plus its sibling blocks that agree
     with the sequence up to and including position ``start``, and all their descendants.
     Blocks ending at or before ``start`` and siblings that differ within
-    ``[block_start, start]`` hold nothing from the forgotten span and stay. A block is kept
-    only while a handle references it (a lock on a node also locks its ancestors, so what
-    stays is still a tree); ``kept`` lists those. They are the holders' own content (their
-    sequences hold the same tokens) and stay cached after release. Pass the caller's own
-    handle as ``release`` to release it atomically first, so only other holders can keep
-    anything. Afterwards no unreferenced block derived from the forgotten span remains, and
+    ``[block_start, start]`` hold nothing from the forgotten span and stay. A block that a
+    handle references (another session's hold) cannot be freed yet: it is detached and
+    doomed (``kept`` lists those): no lookup finds it again, and it is freed at its last
+    unlock, so it is not reused after its holders let go (a deleted session's blocks too).
+    A holder that later publishes its own sequence again inserts fresh blocks: its content
+    is its own. Pass the caller's own handle as ``release`` to release it atomically
+    first. Afterwards no block derived from the forgotten span can be matched, and
     none comes back except by a new ``insert``. Needs only ``tokens[: start + 1]``; raises
     ``TokenError`` unless ``0 <= start < len(tokens)``.
 
@@ -185,10 +190,10 @@ class PrefixCache:
         self._next_handle = 1
         self._hits = self._misses = self._hit_tokens = self._evicted = self._purged = 0
 
-    def match(self, tokens: Sequence[int], *, lock: bool = False) -> MatchResult:
+    def match(self, tokens: Sequence[int], *, lock: bool = False, salt: str = "") -> MatchResult:
         toks = _as_tokens(tokens)
         with self._lock:
-            path = self._trie.walk(toks)
+            path = self._trie.walk(toks, salt)
             self._trie.touch(path)
             n = len(path) * self.block_size
             if n:
@@ -198,19 +203,25 @@ class PrefixCache:
                 self._misses += 1
             # Copy under the lock: once released, eviction may drop these blocks.
             kv = concat_blocks([node.kv for node in path], self.seq_dim) if path else None
-            handle = self._new_handle(path[-1] if path else self._trie.root) if lock else None
+            root = self._trie.root_of(salt)
+            handle = self._new_handle(path[-1] if path else root) if lock else None
         return MatchResult(n, kv, handle)
 
     def insert(
-        self, tokens: Sequence[int], kv: Sequence[Sequence[torch.Tensor]], *, lock: bool = False
+        self,
+        tokens: Sequence[int],
+        kv: Sequence[Sequence[torch.Tensor]],
+        *,
+        lock: bool = False,
+        salt: str = "",
     ) -> InsertResult:
         toks = _as_tokens(tokens)
         trie, bs = self._trie, self.block_size
         with self._lock:
             self._check_kv(toks, kv)
-            path = trie.walk(toks)
+            path = trie.walk(toks, salt)
             trie.touch(path)
-            node = path[-1] if path else trie.root
+            node = path[-1] if path else trie.root_of(salt)
             # Hold the path while inserting, so eviction cannot cut off what we attach to.
             trie.lock(node)
             freed_blocks = freed_bytes = 0
@@ -245,7 +256,12 @@ class PrefixCache:
         return EvictResult(blocks, freed)
 
     def purge(
-        self, tokens: Sequence[int], start: int, *, release: LockHandle | None = None
+        self,
+        tokens: Sequence[int],
+        start: int,
+        *,
+        release: LockHandle | None = None,
+        salt: str = "",
     ) -> PurgeResult:
         toks = _as_tokens(tokens)
         if not 0 <= start < len(toks):
@@ -253,7 +269,7 @@ class PrefixCache:
         with self._lock:
             if release is not None:
                 self._release(release)
-            dropped, kept = self._trie.purge(toks, start)
+            dropped, kept = self._trie.purge(toks, start, salt)
             self._purged += len(dropped)
         return PurgeResult(tuple(dropped), tuple(kept))
 

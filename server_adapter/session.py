@@ -46,8 +46,10 @@ class SessionCache:
     """One cached sequence on the reference engine: standalone (benchmarks, evals) or as
     the handle of a core session (``engine_backend``)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, salt: str = "") -> None:
         self.engine = engine
+        self.salt = salt
+        """The shared prefix cache's partition this session reads and feeds (its tenant's)."""
         self._state = SessionState()
         self._lock = threading.RLock()
         self._handle: LockHandle | None = None  # our exact prefix, held in the prefix cache
@@ -124,7 +126,7 @@ class SessionCache:
         extends = state.tokens == tokens[: len(state.tokens)]
         cache = self.engine.prefix_cache
         if cache is not None:
-            hit = cache.match(tokens)
+            hit = cache.match(tokens, salt=self.salt)
             usable = min(hit.matched_tokens, n - 1)
             if hit.kv is not None and usable > reuse:
                 base, reuse, exact, extends = slice_kv(hit.kv, 0, usable), usable, usable, True
@@ -293,14 +295,16 @@ class SessionCache:
         if purge_from is not None and purge_from < len(old):
             # FORGET: drop every shared block derived from the forgotten span that no other
             # session holds; our own hold is released first so it cannot keep any.
-            cache.purge(old, purge_from, release=self._handle)
+            cache.purge(old, purge_from, release=self._handle, salt=self.salt)
             self._handle = None
         # Publish only the exact prefix, hold it for as long as it is ours, then let go of
         # the previous hold (after, so shared blocks are never unreferenced in between).
         previous, self._handle = self._handle, None
         exact = min(new.exact_length, new.kv_length)
         if exact >= cache.block_size:
-            held = cache.insert(new.tokens[:exact], slice_kv(new.kv, 0, exact), lock=True)
+            held = cache.insert(
+                new.tokens[:exact], slice_kv(new.kv, 0, exact), lock=True, salt=self.salt
+            )
             self._handle = held.handle
         if previous is not None:
             cache.unlock(previous)
@@ -309,7 +313,7 @@ class SessionCache:
         """A new session starting from this one's state (tensors are shared, never written:
         the two then evolve independently). For branching agents and for benchmarks."""
         with self._lock:
-            other = SessionCache(self.engine)
+            other = SessionCache(self.engine, salt=self.salt)
             other._commit(self._state)
             return other
 

@@ -63,8 +63,10 @@ class Backend(Protocol[H]):
         """Messages through the model's chat template, with each message's token span."""
         ...
 
-    def open(self) -> H:
-        """A new, empty session handle (nothing cached yet)."""
+    def open(self, salt: str) -> H:
+        """A new, empty session handle (nothing cached yet). ``salt`` names the partition of
+        any cache the backend shares between sessions (the tenant's): nothing is shared
+        across salts."""
         ...
 
     def view(self, handle: H) -> SessionView: ...

@@ -30,7 +30,6 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from leyline.protocol import ErrorCode, LeylineError
@@ -90,10 +89,6 @@ def protocol_error(exc: Exception, request: Request) -> LeylineError | None:
         return exc
     if isinstance(exc, RequestValidationError):
         return validation_error(exc)
-    if isinstance(exc, ValidationError):
-        # A route validating part of the body itself (e.g. a message against the chat
-        # schema). FastAPI's own response checks raise ResponseValidationError instead.
-        return error_from_details(exc.errors(include_url=False))
     if isinstance(exc, HTTPException):
         return http_error(exc, request)
     if isinstance(exc, SpliceUnsupportedError):  # raised only when fallback was refused

@@ -24,6 +24,11 @@ from .backend import Backend, H
 DEFAULT_TENANT = "default"
 
 
+def salt_of(tenant: str, cache_salt: str | None = None) -> str:
+    """The shared-cache partition of a tenant (and of a ``cache_salt`` inside it)."""
+    return tenant if cache_salt is None else f"{tenant}\x00{cache_salt}"
+
+
 @dataclass(eq=False)
 class Session(Generic[H]):
     id: str
@@ -94,14 +99,17 @@ class SessionStore(Generic[H]):
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def create(self, tenant: str, session_id: str | None = None) -> Session[H]:
-        """A new empty session (evicting an idle one if the count is at its cap)."""
+    def create(
+        self, tenant: str, session_id: str | None = None, *, cache_salt: str | None = None
+    ) -> Session[H]:
+        """A new empty session (evicting an idle one if the count is at its cap). Its shared
+        cache partition is its tenant's, narrowed by ``cache_salt`` if given."""
         self.check_new(tenant, session_id)
         cap = self.max_sessions
         while cap is not None and len(self._lru) >= cap:
             self._evict_one("count")
         sid = session_id or uuid.uuid4().hex
-        session = Session(sid, tenant, self.backend.open())
+        session = Session(sid, tenant, self.backend.open(salt_of(tenant, cache_salt)))
         self._lru[(tenant, sid)] = session
         return session
 

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 
-from leyline.protocol import PROTOCOL_VERSION, ErrorCode, LeylineError
+from leyline.protocol import PROTOCOL_VERSION
 
 from ..core.routes import leyline_router
 from ..engine import Engine
-from .errors import BodyLimit, error_response, install_error_handlers
+from .access import Access
+from .errors import BodyLimit, install_error_handlers
 from .routes_openai import openai_router
 from .service import LeylineService
 from .settings import ServerSettings
-
-_OPEN_PATHS = frozenset({"/health", "/docs", "/openapi.json", "/docs/oauth2-redirect"})
 
 
 def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAPI:
@@ -43,7 +41,8 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
 
     @app.get("/health", tags=["Operations"])
     async def health() -> dict[str, object]:
-        return {"status": "ok", "model": service.model_name, "sessions": len(service.sessions)}
+        # Open to anyone: says nothing about sessions (their count is in /metrics, keyed).
+        return {"status": "ok", "model": service.model_name}
 
     @app.get("/metrics", tags=["Operations"])
     async def metrics() -> Response:
@@ -53,26 +52,6 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
             service.metrics.prefix_cache_bytes.set(engine.prefix_cache.stats().bytes_used)
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.middleware("http")
-    async def guard(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        if settings.api_key and request.url.path not in _OPEN_PATHS:
-            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given.encode(), settings.api_key.encode()):
-                response: Response = error_response(
-                    LeylineError(
-                        ErrorCode.unauthorized,
-                        "missing or wrong API key (Authorization: Bearer ...)",
-                        "authorization",
-                    )
-                )
-                return response
-        response = await call_next(request)
-        route = request.scope.get("route")
-        name = getattr(route, "path", "unmatched")
-        service.metrics.requests.labels(name, str(response.status_code)).inc()
-        return response
-
+    app.add_middleware(Access, tenants=settings.tenants_by_key(), metrics=service.metrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app

@@ -90,6 +90,14 @@ class SamplingFields(_Lenient):
     seed: int | None = Field(
         default=None, ge=-(2**63), le=2**64 - 1, description="Any 64-bit seed, signed or not."
     )
+    cache_salt: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Partitions the shared prefix cache further inside the caller's tenant "
+        "(as vLLM's cache_salt): only requests with the same salt share cached KV. For a "
+        "session, the salt of the request that created it holds for its lifetime.",
+    )
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -30,7 +30,7 @@ from ..chat.render import ChatRenderer, RenderedChat
 from ..chat.tool_format import parse_tool_calls
 from ..core.batch import EditPlan, check_revision, check_tokens, common_prefix
 from ..core.service import SessionService
-from ..core.sessions import DEFAULT_TENANT, Evicted, Session, SessionStore
+from ..core.sessions import DEFAULT_TENANT, Evicted, Session, SessionStore, salt_of
 from ..engine import Engine
 from ..engine_backend import EngineBackend
 from ..reports import GenerationResult, OpReport
@@ -126,7 +126,14 @@ class LeylineService:
             renderer.render, request.messages, request.tools, add_generation_prompt=True
         )
         reply = await self._serve(
-            tenant, rendered.tokens, rendered, request.leyline, params, on_token, cancelled
+            tenant,
+            request.cache_salt,
+            rendered.tokens,
+            rendered,
+            request.leyline,
+            params,
+            on_token,
+            cancelled,
         )
         content, calls = reply.content, list[ToolCall]()
         if request.tools and request.tool_choice != "none":
@@ -148,7 +155,9 @@ class LeylineService:
             tokens = await asyncio.to_thread(self.engine.encode, request.prompt)
         else:
             tokens = tuple(request.prompt)
-        return await self._serve(tenant, tokens, None, request.leyline, params, on_token, cancelled)
+        return await self._serve(
+            tenant, request.cache_salt, tokens, None, request.leyline, params, on_token, cancelled
+        )
 
     def _sampling(
         self, request: SamplingFields, budget: int, logprobs: int | None
@@ -168,6 +177,7 @@ class LeylineService:
     async def _serve(
         self,
         tenant: str,
+        cache_salt: str | None,
         prompt: Sequence[int],
         rendered: RenderedChat | None,
         leyline: LeylineRequest | None,
@@ -182,7 +192,7 @@ class LeylineService:
         if leyline.session is None:
             # Stateless: a throwaway session outside the store (it still reuses and feeds
             # the shared prefix cache).
-            handle = self.backend.open()
+            handle = self.backend.open(salt_of(tenant, cache_salt))
             try:
                 return await self._run_on(
                     handle, None, None, prompt, rendered, params, on_token, cancelled, t0
@@ -193,7 +203,8 @@ class LeylineService:
         if leyline.directives or self.sessions.exists(tenant, leyline.session):
             session = self.sessions.get(tenant, leyline.session)
         else:
-            session, created = self.sessions.create(tenant, leyline.session), True
+            session = self.sessions.create(tenant, leyline.session, cache_salt=cache_salt)
+            created = True
         try:
             async with self.sessions.lease(session):
                 check_revision(session.handle.view, leyline.base_revision)

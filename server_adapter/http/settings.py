@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from leyline.protocol import Limits
+
+from ..core.sessions import DEFAULT_TENANT
+
+_TENANT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +20,9 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    """One key, one tenant (``default``)."""
+    api_keys: tuple[tuple[str, str], ...] = ()
+    """``(tenant, key)`` pairs: each key authenticates as its tenant (``--api-keys-file``)."""
     log_level: str = "info"
     max_body_bytes: int = 4 * 1024 * 1024
     max_directives: int = 64
@@ -44,6 +53,13 @@ class ServerSettings:
         if not 0 < self.port < 65536:
             raise ValueError(f"port {self.port} is not in 1..65535")
 
+    def tenants_by_key(self) -> dict[str, str]:
+        """Every accepted key and the tenant it authenticates as (empty: an open server)."""
+        keys = dict((key, tenant) for tenant, key in self.api_keys)
+        if self.api_key:
+            keys[self.api_key] = DEFAULT_TENANT
+        return keys
+
     @property
     def limits(self) -> Limits:
         return Limits(
@@ -52,3 +68,29 @@ class ServerSettings:
             max_session_tokens=self.max_session_tokens,
             max_sessions=self.max_sessions,
         )
+
+
+def load_api_keys(path: str | Path) -> tuple[tuple[str, str], ...]:
+    """``TENANT KEY`` per line (``#`` comments and blank lines skipped); raises ValueError
+    naming the line of a malformed entry, a bad tenant name or a key used twice."""
+    pairs: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise ValueError(f"{path}:{number}: expected 'TENANT KEY', got {len(parts)} fields")
+        tenant, key = parts
+        if not _TENANT.fullmatch(tenant):
+            raise ValueError(f"{path}:{number}: tenant names are 1-64 of [A-Za-z0-9_.-]")
+        if len(key) < 16:
+            raise ValueError(f"{path}:{number}: keys must be at least 16 characters")
+        if key in seen:
+            raise ValueError(f"{path}:{number}: this key is already given to a tenant")
+        seen.add(key)
+        pairs.append((tenant, key))
+    if not pairs:
+        raise ValueError(f"{path}: no 'TENANT KEY' lines")
+    return tuple(pairs)

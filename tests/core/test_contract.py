@@ -232,3 +232,11 @@ def test_the_count_limit_evicts_idle_sessions_first(service: SessionService[Any]
         create(service, session=name, tokens=[1, 2, 3])
     assert service.store.ids(A) == ["b", "c", "d"]  # "a" was least recently used
     assert code_of(lambda: run(service.get(A, "a"))) is ErrorCode.unknown_session
+
+
+def test_a_bad_message_is_named_by_its_full_path(service: SessionService[Any]) -> None:
+    bad = [MESSAGES[0], {"role": "wizard", "content": "abracadabra"}]
+    with pytest.raises(LeylineError) as info:
+        create(service, session="m", messages=bad)
+    assert (info.value.code, info.value.field) == (ErrorCode.invalid_directive, "messages[1].role")
+    assert len(service.store) == 0

@@ -245,7 +245,7 @@ def test_purge_drops_siblings_that_hold_the_forgotten_token() -> None:
     assert cache.match(differs_at_start).matched_tokens == 2 * BS
 
 
-def test_purge_keeps_blocks_another_session_references_then_drops_them() -> None:
+def test_purge_dooms_blocks_another_session_references_and_frees_them_at_release() -> None:
     cache = big_cache()
     t = list(range(3 * BS))
     u = t[: 2 * BS] + [55] * BS
@@ -253,20 +253,20 @@ def test_purge_keeps_blocks_another_session_references_then_drops_them() -> None
     other = cache.insert(u, gqa_kv(u), lock=True).handle  # session B holds u
     assert other is not None
     res = cache.purge(t, start=BS)
-    # u's blocks from the one holding `start` onward are derived from the span: kept (B
-    # references them), children first; t's own tail is dropped.
+    # u's blocks from the one holding `start` onward are derived from the span: B still
+    # references them, so they are doomed (listed, children first); t's own tail is dropped.
     assert [(b.start, b.end, b.refcount) for b in res.kept] == [
         (2 * BS, 3 * BS, 1),
         (BS, 2 * BS, 1),
     ]
     assert [(b.start, b.end) for b in res.dropped] == [(2 * BS, 3 * BS)]
-    # What stays is exactly what B references: u's blocks, still valid and matchable.
-    assert cache.match(u).matched_tokens == 3 * BS
-    assert cache.match(t).matched_tokens == 2 * BS  # t shares those blocks with u
-    cache.unlock(other)
-    res2 = cache.purge(t, start=BS)
-    assert len(res2.dropped) == 2 and res2.kept == ()
+    # Nothing derived from the span is matchable any more, B's hold notwithstanding...
     assert cache.match(u).matched_tokens == BS
+    assert cache.match(t).matched_tokens == BS
+    assert cache.stats().blocks == 3  # ...though B's two blocks stay allocated while held
+    cache.unlock(other)  # B is deleted: its doomed blocks are freed, not left reusable
+    assert cache.stats().blocks == 1 and cache.stats().bytes_locked == 0
+    assert cache.purge(t, start=BS) == ((), ())
 
 
 def test_purge_releases_the_callers_own_handle_first() -> None:
@@ -355,7 +355,7 @@ def test_tensor_tokens_are_accepted() -> None:
 
 def trie_nodes(cache: PrefixCache) -> list[TrieNode]:
     """White-box walk of the trie (private on purpose: the tests check its invariants)."""
-    out, stack = [], list(cache._trie.root.children.values())
+    out, stack = [], [c for r in cache._trie._roots.values() for c in r.children.values()]
     while stack:
         node = stack.pop()
         out.append(node)
@@ -372,17 +372,39 @@ def prefix_of(node: TrieNode) -> tuple[int, ...]:
     return tuple(t for key in reversed(parts) for t in key)
 
 
+def all_nodes(cache: PrefixCache) -> list[TrieNode]:
+    """Attached nodes plus the doomed ones still held (reachable only from handles)."""
+    seen = {id(n): n for n in trie_nodes(cache)}
+    for node in cache._handles.values():
+        cur: TrieNode | None = node
+        while cur is not None and cur.parent is not None:
+            seen.setdefault(id(cur), cur)
+            cur = cur.parent
+    return list(seen.values())
+
+
+def _on_path(held: TrieNode, node: TrieNode) -> bool:
+    cur: TrieNode | None = held
+    while cur is not None:
+        if cur is node:
+            return True
+        cur = cur.parent
+    return False
+
+
 def check_invariants(cache: PrefixCache) -> None:
-    nodes = trie_nodes(cache)
+    attached = {id(n) for n in trie_nodes(cache)}
+    nodes = all_nodes(cache)
     s = cache.stats()
     assert s.blocks == len(nodes)
     assert s.bytes_used == sum(n.nbytes for n in nodes) <= s.budget_bytes
     assert s.bytes_locked == sum(n.nbytes for n in nodes if n.refcount > 0)
-    held = [prefix_of(n) for n in cache._handles.values()]
+    held = list(cache._handles.values())
     for n in nodes:
-        p = prefix_of(n)
-        assert n.refcount == sum(h[: len(p)] == p for h in held)
-        assert n.start == len(p) - BS and n.nbytes == block_bytes()
+        assert n.refcount == sum(_on_path(h, n) for h in held)
+        assert n.doomed == (id(n) not in attached)
+        assert not n.doomed or n.refcount > 0  # a doomed node lives only while held
+        assert n.start == len(prefix_of(n)) - BS and n.nbytes == block_bytes()
 
 
 def test_concurrent_sessions_keep_accounting_consistent() -> None:
@@ -421,11 +443,21 @@ class NaiveCache:
         self.budget, self.size = budget, block_bytes()
         self.stamp: dict[tuple[int, ...], int] = {}
         self.handles: dict[int, tuple[int, ...]] = {}
+        self.doomed_from: dict[int, int] = {}  # handle -> its path is doomed past this
+        self.doomed: list[set[int]] = []  # per doomed block: the handles that hold it
         self.clock = 0
 
+    def attached(self, hid: int, length: int) -> bool:
+        return length <= self.doomed_from.get(hid, length)
+
     def refs(self, p: tuple[int, ...], extra: tuple[int, ...] | None = None) -> int:
-        held = [*self.handles.values(), *([] if extra is None else [extra])]
-        return sum(h[: len(p)] == p for h in held)
+        held = sum(
+            h[: len(p)] == p and self.attached(hid, len(p)) for hid, h in self.handles.items()
+        )
+        return held + (extra is not None and extra[: len(p)] == p)
+
+    def alive_doomed(self) -> int:
+        return sum(1 for holders in self.doomed if holders & self.handles.keys())
 
     def longest(self, toks: tuple[int, ...]) -> int:
         n = 0
@@ -459,9 +491,10 @@ class NaiveCache:
         cur = n
         while cur + BS <= len(toks):
             locked = sum(self.size for p in self.stamp if self.refs(p, toks[:cur]))
+            locked += self.alive_doomed() * self.size
             if locked + self.size > self.budget:
                 break
-            used = len(self.stamp) * self.size
+            used = (len(self.stamp) + self.alive_doomed()) * self.size
             if used + self.size > self.budget:
                 self.evict(used + self.size - self.budget, toks[:cur])
             cur += BS
@@ -470,10 +503,24 @@ class NaiveCache:
 
     def purge(self, toks: tuple[int, ...], start: int) -> int:
         hit = [p for p in self.stamp if len(p) > start and p[: start + 1] == toks[: start + 1]]
-        gone = [p for p in hit if self.refs(p) == 0]
-        for p in gone:
+        gone = 0
+        holders_of = {
+            p: {
+                hid
+                for hid, h in self.handles.items()
+                if h[: len(p)] == p and self.attached(hid, len(p))
+            }
+            for p in hit
+        }
+        for p in hit:
             del self.stamp[p]
-        return len(gone)
+            if holders_of[p]:
+                self.doomed.append(holders_of[p])  # held: detached, freed at release
+            else:
+                gone += 1
+        for hid in set().union(*holders_of.values()) if hit else ():
+            self.doomed_from[hid] = min(self.doomed_from.get(hid, start), start)
+        return gone
 
 
 # Sequences built from a small pool of blocks, so that prefixes are often shared and

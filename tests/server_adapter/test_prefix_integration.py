@@ -47,7 +47,7 @@ def test_only_the_exact_prefix_of_an_amortized_splice_is_shared() -> None:
     _close_to_fresh(engine, c)
 
 
-def test_forget_purges_shared_blocks_no_other_session_holds() -> None:
+def test_forget_leaves_nothing_derived_from_the_span_reusable() -> None:
     engine = _engine()
     cache = engine.prefix_cache
     assert cache is not None
@@ -58,9 +58,16 @@ def test_forget_purges_shared_blocks_no_other_session_holds() -> None:
     b.prefill(other)  # shares t[:26] with a: blocks up to 24 are b's too
     a.apply_edits([Edit(25, 30, (), Mode.forget)])
     assert cache.match(t).matched_tokens == 24  # a's old blocks from 24 on are gone
-    assert cache.match(other).matched_tokens == 32  # b still holds its own
+    # b's blocks from 24 on attended to t[25] too: b keeps its own KV (its session state),
+    # but they are no longer shared, and b's delete frees them instead of leaving them.
+    assert cache.match(other).matched_tokens == 24
     assert cache.match(a.tokens).matched_tokens == 32  # a's new sequence is shared
     assert cache.stats().purged_blocks >= 4
+    held = cache.stats().blocks
+    b.release()
+    assert cache.stats().blocks == held - 2
+    c = SessionCache(engine)
+    assert c.prefill(t).reused_tokens == 24  # a later request with the secret reuses none of it
 
 
 def test_held_blocks_are_not_evicted_until_released() -> None:
