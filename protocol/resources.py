@@ -37,12 +37,20 @@ class SessionCreate(_Body):
     messages: list[Message] | None = None
     text: str | None = None
     tokens: list[TokenId] | None = None
+    add_generation_prompt: bool = Field(
+        default=False,
+        description="With messages: end with the template's assistant header, as a chat "
+        "request renders its prompt (then a chat with the same messages reuses every token). "
+        "Default false: the messages alone, ready to be extended with more messages.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> SessionCreate:
         given = [n for n in ("messages", "text", "tokens") if getattr(self, n) is not None]
         if len(given) > 1:
             raise ValueError(f"give at most one of messages, text, tokens (got {given})")
+        if self.add_generation_prompt and self.messages is None:
+            raise ValueError("add_generation_prompt needs messages")
         return self
 
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 
 from leyline.protocol.algebra import Edit
-from leyline.protocol.directives import Directive, Verb
+from leyline.protocol.directives import Directive, Mode, Verb
 from leyline.protocol.envelope import Path
 from leyline.protocol.errors import ErrorCode, LeylineError
 from leyline.protocol.spans import MessageSpan
@@ -33,6 +33,7 @@ from .edit_paths import run_edits
 from .engine import Engine
 from .generation import OnToken, decode_loop
 from .kv_blocks import KVCache
+from .lineage import Lineages
 from .prefix_cache import LockHandle
 from .reports import GenerationResult, OpReport
 from .run_executor import slice_kv
@@ -53,6 +54,7 @@ class SessionCache:
         self._state = SessionState()
         self._lock = threading.RLock()
         self._handle: LockHandle | None = None  # our exact prefix, held in the prefix cache
+        self._lineages = Lineages()  # what we published, and where it is now (FORGET)
 
     # -- read-only views -----------------------------------------------------------------
 
@@ -91,6 +93,8 @@ class SessionCache:
             new_tokens = tuple(int(t) for t in tokens)
             check_tokens(new_tokens, self.engine.vocab_size, self.engine.limits, "tokens")
             new_state, report = self._prefill_state(state, new_tokens, tuple(spans))
+            if new_tokens[: len(state.tokens)] != state.tokens:
+                self._lineages.realigned(state.tokens, new_tokens)
             self._commit(new_state)
             return _timed(report, t0)
 
@@ -122,6 +126,11 @@ class SessionCache:
             return new, OpReport(Path.prefix_hit, state.revision, n, 0, first_change=n)
         # At least the last token is run again: its logits are what generation needs.
         reuse = min(common_prefix(state.tokens[: state.kv_length], tokens), n - 1)
+        if state.logits is None and state.tokens and state.kv_length == len(state.tokens):
+            # One rule after a splice that ended in a kept run: the sequence's last token is
+            # recomputed in its new context before anything follows it, whether the next
+            # request asks for logits right away or appends first (docs/protocol.md, 3.1).
+            reuse = min(reuse, len(state.tokens) - 1)
         base, exact = slice_kv(state.kv, 0, reuse), min(reuse, state.exact_length)
         extends = state.tokens == tokens[: len(state.tokens)]
         cache = self.engine.prefix_cache
@@ -272,7 +281,10 @@ class SessionCache:
             new = SessionState(
                 new.tokens, new.kv, new.logits, state.revision + 1, plan.spans, new.exact_length
             )
-            self._commit(new, purge_from=plan.forget_from, old=state.tokens)
+            spans_forgotten = [(e.start, e.end) for e in plan.edits if e.mode is Mode.forget]
+            lineages = self._lineages.forgotten(spans_forgotten)  # in the old coordinates
+            self._lineages.moved(plan.result.position_map)
+            self._commit(new, purge_from=plan.forget_from, old=state.tokens, lineages=lineages)
             return _timed(report, t0)
 
     def _complete(self, state: SessionState) -> SessionState:
@@ -286,17 +298,25 @@ class SessionCache:
     # -- commit and the shared prefix cache ----------------------------------------------------
 
     def _commit(
-        self, new: SessionState, *, purge_from: int | None = None, old: tuple[int, ...] = ()
+        self,
+        new: SessionState,
+        *,
+        purge_from: int | None = None,
+        old: tuple[int, ...] = (),
+        lineages: Sequence[tuple[tuple[int, ...], int]] = (),
     ) -> None:
         self._state = new
         cache = self.engine.prefix_cache
         if cache is None:
             return
         if purge_from is not None and purge_from < len(old):
-            # FORGET: drop every shared block derived from the forgotten span that no other
-            # session holds; our own hold is released first so it cannot keep any.
+            # FORGET: drop every shared block derived from the forgotten span (blocks other
+            # sessions hold are doomed); our own hold is released first so it cannot keep any.
             cache.purge(old, purge_from, release=self._handle, salt=self.salt)
             self._handle = None
+        for published, first in lineages:  # what earlier revisions published of the span
+            if first < len(published):
+                cache.purge(published, first, salt=self.salt)
         # Publish only the exact prefix, hold it for as long as it is ours, then let go of
         # the previous hold (after, so shared blocks are never unreferenced in between).
         previous, self._handle = self._handle, None
@@ -306,6 +326,7 @@ class SessionCache:
                 new.tokens[:exact], slice_kv(new.kv, 0, exact), lock=True, salt=self.salt
             )
             self._handle = held.handle
+            self._lineages.published(new.tokens[: held.stored_tokens])
         if previous is not None:
             cache.unlock(previous)
 
@@ -314,6 +335,7 @@ class SessionCache:
         the two then evolve independently). For branching agents and for benchmarks."""
         with self._lock:
             other = SessionCache(self.engine, salt=self.salt)
+            other._lineages = self._lineages.copy()
             other._commit(self._state)
             return other
 

@@ -3,12 +3,15 @@
 Every response reports message -> token spans so clients can address edits precisely. The
 spans come from one rendering: each message's character range is where the rendering of
 ``messages[:k+1]`` extends that of ``messages[:k]``; the tokenizer's offsets map characters
-to tokens. A template whose renderings are not prefixes of each other gets no spans (the
+to tokens (by bisection). Found in linear time when each message renders on its own (what
+it adds after message 0 alone tiles the full text, checked), else by rendering every prefix
+(quadratic). A template whose renderings are not prefixes of each other gets no spans (the
 server still works; anchors then fail with ``unresolved_anchor``).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -79,7 +82,7 @@ class ChatRenderer:
         text = self.render_text(plain, add_generation_prompt)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         tokens = tuple(int(t) for t in encoded["input_ids"])
-        offsets: list[tuple[int, int]] = [tuple(o) for o in encoded["offset_mapping"]]
+        offsets = _Offsets([tuple(o) for o in encoded["offset_mapping"]])
         bounds = self._message_bounds(plain, text)
         spans: list[MessageSpan] = []
         if bounds is not None:
@@ -93,6 +96,28 @@ class ChatRenderer:
 
     def _message_bounds(self, plain: list[dict[str, str]], text: str) -> list[int] | None:
         """Character offsets where each message starts, plus the end of the last."""
+        if not plain:
+            return [0]
+        return self._bounds_by_pieces(plain, text) or self._bounds_by_prefixes(plain, text)
+
+    def _bounds_by_pieces(self, plain: list[dict[str, str]], text: str) -> list[int] | None:
+        """Linear: message k's piece is what it adds after message 0 alone; the pieces must
+        tile ``text`` exactly. Templates whose rendering of a message depends on more than
+        itself and the first message fail the check and go to the prefix method."""
+        first = self.render_text(plain[:1], add_generation_prompt=False)
+        if not text.startswith(first):
+            return None
+        bounds = [0, len(first)]
+        for message in plain[1:]:
+            pair = self.render_text([plain[0], message], add_generation_prompt=False)
+            piece = pair[len(first) :]
+            if not pair.startswith(first) or not piece or not text.startswith(piece, bounds[-1]):
+                return None
+            bounds.append(bounds[-1] + len(piece))
+        return bounds
+
+    def _bounds_by_prefixes(self, plain: list[dict[str, str]], text: str) -> list[int] | None:
+        """Quadratic: the rendering of ``plain[:k]`` must be a prefix of ``text``."""
         bounds = [0]
         for k in range(1, len(plain) + 1):
             prefix = self.render_text(plain[:k], add_generation_prompt=False)
@@ -109,18 +134,18 @@ class ChatRenderer:
         text: str,
         lo: int,
         hi: int,
-        offsets: list[tuple[int, int]],
+        offsets: _Offsets,
     ) -> MessageSpan:
         segment = text[lo:hi]
         content = tool_calls = None
         body = message.text()
         if body and (at := segment.rfind(body)) >= 0:
-            content = _tokens_in(offsets, lo + at, lo + at + len(body))
+            content = offsets.tokens_in(lo + at, lo + at + len(body))
         if message.tool_calls:
             rendered = render_tool_calls(message.tool_calls)
             if (at := segment.rfind(rendered)) >= 0:
-                tool_calls = _tokens_in(offsets, lo + at, lo + at + len(rendered))
-        whole = _tokens_in(offsets, lo, hi)
+                tool_calls = offsets.tokens_in(lo + at, lo + at + len(rendered))
+        whole = offsets.tokens_in(lo, hi)
         return MessageSpan(
             message=index,
             role=plain["role"],
@@ -131,8 +156,25 @@ class ChatRenderer:
         )
 
 
-def _tokens_in(offsets: list[tuple[int, int]], lo: int, hi: int) -> TokenSpan:
-    """Tokens whose characters start in ``[lo, hi)`` (a token straddling ``lo`` belongs before)."""
-    start = next((i for i, (a, b) in enumerate(offsets) if a >= lo and b > a), len(offsets))
-    end = next((i for i, (a, _) in enumerate(offsets) if a >= hi), len(offsets))
-    return TokenSpan(start=start, end=max(start, end))
+class _Offsets:
+    """Token character offsets, searched by bisection when their starts are sorted (they are
+    for a plain left-to-right tokenization; anything else is searched linearly)."""
+
+    def __init__(self, offsets: list[tuple[int, int]]) -> None:
+        self.offsets = offsets
+        self.starts = [a for a, _ in offsets]
+        self.ordered = all(x <= y for x, y in zip(self.starts, self.starts[1:], strict=False))
+
+    def tokens_in(self, lo: int, hi: int) -> TokenSpan:
+        """Tokens whose characters start in ``[lo, hi)`` (a token straddling ``lo`` belongs
+        before; zero-width tokens never start a span)."""
+        offsets, n = self.offsets, len(self.offsets)
+        if self.ordered:
+            start = bisect.bisect_left(self.starts, lo)
+            while start < n and offsets[start][1] <= offsets[start][0]:
+                start += 1
+            end = bisect.bisect_left(self.starts, hi)
+        else:
+            start = next((i for i, (a, b) in enumerate(offsets) if a >= lo and b > a), n)
+            end = next((i for i, (a, _) in enumerate(offsets) if a >= hi), n)
+        return TokenSpan(start=start, end=max(start, end))

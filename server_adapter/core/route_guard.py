@@ -157,6 +157,12 @@ async def check_body(request: Request) -> None:
             f"the body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
             "body",
         ) from None
+    except ValueError as exc:  # an integer literal past Python's 4,300-digit limit
+        raise LeylineError(
+            ErrorCode.invalid_directive,
+            f"the body holds a number this server cannot read ({str(exc).split(':')[0]})",
+            "body",
+        ) from None
     check_json(value)
 
 

@@ -145,9 +145,9 @@ class SessionService(Generic[H]):
         self, body: SessionCreate
     ) -> tuple[tuple[int, ...], tuple[MessageSpan, ...]]:
         if body.messages is not None:
-            messages = body.messages
+            messages, prompt = body.messages, body.add_generation_prompt
             rendered = await asyncio.to_thread(
-                lambda: self.backend.render(messages, None, add_generation_prompt=False)
+                lambda: self.backend.render(messages, None, add_generation_prompt=prompt)
             )
             return rendered.tokens, rendered.spans
         if body.text is not None:

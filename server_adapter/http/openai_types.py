@@ -143,6 +143,9 @@ class TopLogprob(_Strict):
     token: str
     logprob: float
     bytes: list[int] | None = None
+    """The token's own bytes (exact for a part of a multi-byte character)."""
+    token_id: int | None = None
+    """Leyline extension: the token's id, so a client can compare without re-tokenizing."""
 
 
 class TokenLogprob(TopLogprob):

@@ -10,6 +10,7 @@ from typing import TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from ..chat.token_bytes import token_bytes
 from ..core.route_guard import LeylineRoute
 from ..core.routes import tenant_of
 from ..reports import TokenChoice
@@ -124,9 +125,14 @@ def _finish(reply: Reply) -> str:
 
 
 def _chat_logprobs(service: LeylineService, choices: Sequence[TokenChoice]) -> ChoiceLogprobs:
+    tokenizer = service.engine.tokenizer
+
     def entry(token: int, logprob: float) -> TopLogprob:
         text = service.engine.decode([token])
-        return TopLogprob(token=text, logprob=_finite(logprob), bytes=list(text.encode()))
+        raw = token_bytes(tokenizer, token) if tokenizer is not None else text.encode()
+        return TopLogprob(
+            token=text, logprob=_finite(logprob), bytes=list(raw), token_id=int(token)
+        )
 
     return ChoiceLogprobs(
         content=[

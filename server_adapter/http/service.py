@@ -38,6 +38,7 @@ from ..sampling import SamplingParams
 from ..session import SessionCache
 from .metrics import Metrics
 from .openai_types import ChatCompletionRequest, CompletionRequest, SamplingFields, ToolCall
+from .retokenize import adopt_generated_ids
 from .settings import ServerSettings
 
 T = TypeVar("T")
@@ -208,6 +209,17 @@ class LeylineService:
         try:
             async with self.sessions.lease(session):
                 check_revision(session.handle.view, leyline.base_revision)
+                if rendered is not None and not leyline.directives:
+                    adopted = adopt_generated_ids(
+                        session.handle.tokens,
+                        prompt,
+                        rendered.spans,
+                        self.engine.decode,
+                        self.engine.loaded.eos_token_ids,
+                    )
+                    if adopted is not None:  # the reply came back as it was generated
+                        prompt = adopted[0]
+                        rendered = replace(rendered, tokens=adopted[0], spans=adopted[1])
                 plan = None
                 if leyline.directives:
                     plan = await self.core.plan(session, leyline.directives, leyline.base_revision)
@@ -268,7 +280,11 @@ class LeylineService:
         if plan is not None:
             edit = session.execute(plan, allow_fallback=allow_fallback)
         edited = session.tokens
-        spans = rendered.spans if rendered is not None else ()
+        if rendered is not None:
+            spans = rendered.spans
+        else:  # token ids: the messages the prompt still holds keep their spans
+            kept = common_prefix(edited, prompt)
+            spans = tuple(span for span in session.spans if span.end <= kept)
         prefill = session.prefill(prompt, spans=spans)
         first: list[float] = []
 

@@ -240,3 +240,29 @@ def test_a_bad_message_is_named_by_its_full_path(service: SessionService[Any]) -
         create(service, session="m", messages=bad)
     assert (info.value.code, info.value.field) == (ErrorCode.invalid_directive, "messages[1].role")
     assert len(service.store) == 0
+
+
+def test_a_session_from_messages_can_end_with_the_generation_prompt(
+    service: SessionService[Any],
+) -> None:
+    plain = create(service, session="p", messages=MESSAGES)
+    ready = create(service, session="g", messages=MESSAGES, add_generation_prompt=True)
+    want = service.backend.render(MESSAGES, None, add_generation_prompt=True).tokens
+    assert tuple(state(service, "g").tokens) == want
+    assert ready.num_tokens > plain.num_tokens
+    assert tuple(state(service, "g").tokens[: plain.num_tokens]) == tuple(
+        state(service, "p").tokens
+    )
+    with pytest.raises(ValueError, match="needs messages"):
+        SessionCreate(text="hi", add_generation_prompt=True)
+
+
+def test_a_session_that_cannot_be_kept_is_refused_not_created(engine: Engine) -> None:
+    backend = EngineBackend(engine, limits=LIMITS, model_name="smollm2")
+    try:
+        service = SessionService(backend, SessionStore(backend, max_cache_bytes=64 * 1024))
+        code = code_of(lambda: create(service, session="big", tokens=list(range(10, 60))))
+        assert code is ErrorCode.limit_exceeded
+        assert len(service.store) == 0
+    finally:
+        backend.shutdown()

@@ -129,6 +129,72 @@ def test_a_splice_the_messages_do_not_carry_is_reported_as_what_ran(server: Serv
     assert after["tokens"][:n] == before["tokens"][:n]  # it holds what the client sent
 
 
+def test_a_completion_on_a_session_keeps_the_message_spans(server: Server) -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name a colour."},
+    ]
+    with server.client() as http:
+        made = http.post(
+            "/leyline/v1/sessions", json={"session": "keep-spans", "messages": messages}
+        )
+        assert made.status_code == 201, made.text
+        info = http.get("/leyline/v1/sessions/keep-spans", params={"tokens": "true"}).json()
+        body = {
+            "prompt": info["tokens"] + [28],
+            "max_tokens": 2,
+            "temperature": 0,
+            "leyline": {"session": "keep-spans", "base_revision": info["revision"]},
+        }
+        reply = http.post("/v1/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        after = http.get("/leyline/v1/sessions/keep-spans").json()
+    assert after["spans"] == info["spans"] and len(after["spans"]) == 2
+    anchor = {"verb": "forget", "span": {"message": 1, "part": "content"}}
+    with server.client() as http:
+        applied = http.post(
+            "/leyline/v1/sessions/keep-spans/directives",
+            json={"base_revision": after["revision"], "directives": [anchor]},
+        )
+    assert applied.status_code == 200, applied.text  # anchors still resolve
+
+
+def test_a_reply_sent_back_unchanged_keeps_its_generated_ids(server: Server) -> None:
+    """The model may generate a text as ids its tokenizer would not choose; sent back as an
+    assistant message, the reply must still hit the cache (issue 11, item 11)."""
+    tokenizer = load_model("smollm2").tokenizer
+    assert tokenizer is not None
+    opening = [{"role": "user", "content": "Capital of France? One word."}]
+    with server.client() as http:
+        prompt = http.post(
+            "/leyline/v1/tokenize",
+            json={"messages": opening, "tools": TOOLS, "add_generation_prompt": True},
+        ).json()["tokens"]
+        # "Paris" as the model might have spelled it: "P" + "aris", not the canonical id.
+        reply = tokenizer.encode("P", add_special_tokens=False) + tokenizer.encode(
+            "aris", add_special_tokens=False
+        )
+        assert reply != tokenizer.encode("Paris", add_special_tokens=False)
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        cached = prompt + reply + [end]
+        made = http.post("/leyline/v1/sessions", json={"session": "drift", "tokens": cached})
+        assert made.status_code == 201, made.text
+    messages = [
+        *opening,
+        {"role": "assistant", "content": "Paris"},
+        {"role": "user", "content": "And of Germany?"},
+    ]
+    ley = chat(server, messages, session="drift", base_revision=made.json()["revision"])
+    leyline = ley["leyline"]
+    assert leyline["path"] == "prefix_hit" and leyline["fallback_reason"] is None
+    assert leyline["reused_tokens"] >= len(cached)
+    with server.client() as http:
+        after = http.get("/leyline/v1/sessions/drift", params={"tokens": "true"}).json()
+    assert after["tokens"][: len(cached)] == cached  # the generated ids were kept
+    content = after["spans"][1]["content"]
+    assert after["tokens"][content["start"] : content["end"]] == reply
+
+
 def _spans(raw: list[dict[str, Any]]) -> list[Any]:
     from leyline.protocol import MessageSpan
 

@@ -91,3 +91,38 @@ def test_the_budget_bounds_what_is_shared() -> None:
     stats = engine.prefix_cache.stats()  # type: ignore[union-attr]
     assert stats.bytes_used <= 5 * block_bytes and stats.blocks == 5
     _close_to_fresh(engine, s)
+
+
+def _secret_session(engine: Engine) -> tuple[SessionCache, list[int], range]:
+    """A session holding a prefix, a secret span at [16, 24), and a tail; all published."""
+    tokens = random_tokens(40, engine.vocab_size, seed=11)
+    session = SessionCache(engine)
+    session.prefill(tokens)
+    return session, tokens, range(16, 24)
+
+
+def _reuse(engine: Engine, tokens: list[int]) -> int:
+    probe = SessionCache(engine)
+    try:
+        return probe.prefill(tokens).reused_tokens
+    finally:
+        probe.release()
+
+
+def test_forget_purges_what_an_earlier_revision_published_behind_another_prefix() -> None:
+    engine = _engine()
+    a, original, secret = _secret_session(engine)
+    a.apply_edits([Edit(2, 4, (7, 7, 7), Mode.amortize)])  # the secret now starts at 17
+    a.apply_edits([Edit(secret.start + 1, secret.stop + 1, (), Mode.forget)])
+    # Revision 1 published the original tokens: nothing from the secret on may be reused.
+    assert _reuse(engine, original) <= secret.start
+
+
+def test_forget_purges_what_a_client_resent_with_an_edit_before_the_span() -> None:
+    engine = _engine()
+    a, original, secret = _secret_session(engine)
+    edited = [*original[:2], 7, 7, 7, *original[4:]]  # an edited message before the secret
+    a.prefill(edited)  # re-prefilled from 2; published again, secret at [17, 25)
+    a.apply_edits([Edit(secret.start + 1, secret.stop + 1, (), Mode.forget)])
+    assert _reuse(engine, original) <= secret.start
+    assert _reuse(engine, edited) <= secret.start + 1

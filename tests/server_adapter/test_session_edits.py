@@ -169,3 +169,23 @@ def test_eager_logits_equal_lazy_logits(llama_engine: Engine) -> None:
         for a, b in zip(eager.kv, lazy.kv, strict=True)
         for s in range(2)
     )
+
+
+def test_after_a_splice_the_next_tokens_do_not_depend_on_when_logits_were_asked(
+    llama_engine: Engine,
+) -> None:
+    """One rule: the spliced sequence's last token is recomputed in its new context, whether
+    the next request reads logits first or appends first."""
+    tokens = random_tokens(N, llama_engine.vocab_size, seed=10)
+    more = random_tokens(5, llama_engine.vocab_size, seed=11)
+    asked, appended = SessionCache(llama_engine), SessionCache(llama_engine)
+    for session in (asked, appended):
+        session.prefill(tokens)
+        session.apply_edits([Edit(10, 30, (4, 5), Mode.amortize)])  # ends in a kept run
+    asked.next_token_logits()  # a client that looks at the next token first
+    asked.prefill(asked.tokens + tuple(more))
+    report = appended.prefill(appended.tokens + tuple(more))
+    assert report.prefilled_tokens == len(more) + 1  # the last spliced token, then the rest
+    assert rel_err(asked.next_token_logits(), appended.next_token_logits()) <= 1e-6
+    for a, b in zip(asked.kv, appended.kv, strict=True):
+        assert rel_err(a[0], b[0]) <= 1e-6 and rel_err(a[1], b[1]) <= 1e-6

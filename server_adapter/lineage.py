@@ -1,0 +1,99 @@
+"""Where a session's earlier publications sit in its current sequence, for FORGET.
+
+A session publishes its exact prefix to the shared prefix cache after every change. After a
+splice before some span, or a client re-sending edited messages, the blocks published
+earlier hold that span behind a different prefix: purging the current sequence alone would
+leave them reusable. So each published sequence (a *lineage*) carries, position by position,
+where its token is now (or None once removed), updated through every edit with the
+algebra's position map. A FORGET of ``[start, end)`` then purges each lineage from its
+first position that is now inside the span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from leyline.protocol.algebra import PositionMap
+
+
+@dataclass
+class _Lineage:
+    tokens: tuple[int, ...]
+    now: list[int | None]
+    """``now[i]``: the current position of ``tokens[i]``, or None once it was removed."""
+
+
+class Lineages:
+    def __init__(self) -> None:
+        self._items: list[_Lineage] = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def copy(self) -> Lineages:
+        other = Lineages()
+        other._items = [_Lineage(item.tokens, list(item.now)) for item in self._items]
+        return other
+
+    def published(self, tokens: Sequence[int]) -> None:
+        """``tokens`` (the current sequence's prefix) is now in the cache as it stands."""
+        tokens = tuple(tokens)
+        # A publication that is an unmoved prefix of this one is the same lineage, grown.
+        self._items = [
+            item
+            for item in self._items
+            if not (
+                tokens[: len(item.tokens)] == item.tokens
+                and all(pos == i for i, pos in enumerate(item.now))
+            )
+        ]
+        self._items.append(_Lineage(tokens, list(range(len(tokens)))))
+
+    def moved(self, position_map: PositionMap) -> None:
+        """An edit ran: every tracked position follows it (or drops out)."""
+        for item in self._items:
+            item.now = [None if p is None else position_map.new_position(p) for p in item.now]
+        self._prune()
+
+    def realigned(self, old: Sequence[int], new: Sequence[int]) -> None:
+        """The sequence was replaced by a prefill of ``new``: what ``old`` and ``new`` share
+        at the start and at the end keeps its place (one edited region between them)."""
+        head = 0
+        limit = min(len(old), len(new))
+        while head < limit and old[head] == new[head]:
+            head += 1
+        tail = 0
+        while tail < limit - head and old[-1 - tail] == new[-1 - tail]:
+            tail += 1
+        shift = len(new) - len(old)
+
+        def where(p: int) -> int | None:
+            if p < head:
+                return p
+            return p + shift if p >= len(old) - tail else None
+
+        for item in self._items:
+            item.now = [None if p is None else where(p) for p in item.now]
+        self._prune()
+
+    def forgotten(self, spans: Iterable[tuple[int, int]]) -> list[tuple[tuple[int, ...], int]]:
+        """For spans ``[start, end)`` of the current sequence being forgotten: each lineage
+        that holds any of their tokens, and its first position holding one."""
+        ranges = [(s, e) for s, e in spans if e > s]
+        out = []
+        for item in self._items:
+            first = next(
+                (
+                    i
+                    for i, p in enumerate(item.now)
+                    if p is not None and any(s <= p < e for s, e in ranges)
+                ),
+                None,
+            )
+            if first is not None:
+                out.append((item.tokens, first))
+        return out
+
+    def _prune(self) -> None:
+        self._items = [item for item in self._items if any(p is not None for p in item.now)]
