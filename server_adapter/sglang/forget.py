@@ -2,16 +2,16 @@
 
 SGLang already re-prefills from the first changed token when a generate sends the edited
 prompt (the prefix matches, the rest is computed). What the protocol adds is that nothing
-derived from the forgotten span may stay in a shared cache entry nobody holds: every tree
-node below the edit point on the old sequence's path is dropped (slots freed) unless a
-running request locks it (legacy tree: the whole subtree; unified tree: the old
-sequence's own path, see ``_drop_unified_path``). The edit point is rounded down to a page:
-the unchanged tokens of the edit's page are re-prefilled with it.
+derived from the forgotten span may stay in a shared cache entry nobody holds: the tree
+node that starts at the edit point on the old sequence's path is dropped with its whole
+subtree (every sequence cached below it: the old one, a generation that extended it, any
+other that branched off after the edit point), slots freed, unless a running request
+locks part of it. The edit point is rounded down to a page: the unchanged tokens of the
+edit's page are re-prefilled with it.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +25,8 @@ class ForgetOutcome:
     kept_prefix: int
     """Tokens before the edit point the tree still holds (a generate reuses them)."""
     purged: bool
-    """False when a locked node (a running request) kept the subtree; retry after it ends."""
+    """False when a locked node (a running request) kept part of the subtree; what no
+    request held is dropped all the same. Retry after the request ends."""
 
 
 def forget_after(tree: TreeOps, old_tokens: Sequence[int], start: int) -> ForgetOutcome:
@@ -33,33 +34,29 @@ def forget_after(tree: TreeOps, old_tokens: Sequence[int], start: int) -> Forget
     prefix = tree.match(old_tokens[:cut])  # splits the node at the edit point
     if prefix.length < cut or len(old_tokens) - cut < tree.page_size:
         return ForgetOutcome(prefix.length, True)  # nothing cached past the edit point
-    below = tree.match(old_tokens[: cut + tree.page_size])
-    if below.length <= cut:
-        return ForgetOutcome(cut, True)
     if tree.kind == "legacy":
+        below = tree.match(old_tokens[: cut + tree.page_size])
+        if below.length <= cut:
+            return ForgetOutcome(cut, True)
         return ForgetOutcome(cut, _drop_legacy(tree, below.node))
-    return ForgetOutcome(cut, _drop_unified_path(tree, old_tokens, cut))
+    return ForgetOutcome(cut, _drop_unified(tree, old_tokens, cut))
 
 
-def _drop_unified_path(tree: TreeOps, old_tokens: Sequence[int], cut: int) -> bool:
-    """Drop the old sequence's nodes past ``cut``, deepest first (the tree core drops leaves
-    only). Python tree core only; other sequences that branch off inside the forgotten span,
-    and everything under the Rust core, stay until evicted (``purged`` is False then)."""
-    core = tree.tree.tree_core
-    if type(core).__name__ != "UnifiedTreeCore":
-        # The Rust core panics (and poisons itself) when asked to drop a node that is not
-        # a leaf, and it cannot say which nodes are: leave the purge to eviction.
-        return False
-    deepest = tree.match(old_tokens)
-    if tree.unlocked_tail(deepest.node) < deepest.length - cut:
-        return False  # a running request holds part of it
-    while deepest.length > cut:
-        if core.node_by_id(deepest.node).children:
-            return False  # another cached sequence extends this one
-        if not tree.tree._drop_subtree_no_host(deepest.node, defaultdict(int)):
-            return False
-        deepest = tree.match(old_tokens)
-    return True
+def _drop_unified(tree: TreeOps, old_tokens: Sequence[int], cut: int) -> bool:
+    """Evict the subtree of the node that starts at ``cut`` on the old path.
+
+    The tree core removes leaves only (the Rust core panics, poisoning itself for good, when
+    asked to drop a node with children or a lock, and neither core lists a node's children),
+    so the subtree goes leaf by leaf through SGLang's own eviction walk, restricted to the
+    leaves under that node (``TreeOps.evict_below``). Runs on the scheduler thread between
+    batches: nothing else changes the tree meanwhile.
+    """
+    below = [p for p in tree.path(tree.match(old_tokens).node) if p.path_start >= cut]
+    if not below:
+        return True  # the tree holds nothing past the edit point
+    # ``below[0]`` starts exactly at ``cut``: the first match split the node there.
+    tree.evict_below(below[0].node_id)
+    return tree.match(old_tokens).length <= cut
 
 
 def _drop_legacy(tree: TreeOps, node: Any) -> bool:

@@ -2,13 +2,22 @@
 # make sglang-live-check: the Leyline plugin in a real SGLang 0.5.23 server on this CPU.
 #
 #   bash server_adapter/sglang/live_check.sh        # after `make setup` (the main .venv)
+#   LEYLINE_SGLANG_LIVE_EXTRA=1 bash server_adapter/sglang/live_check.sh   # + two servers
 #
 # Builds or reuses .venv-sglang (setup_env.sh), then for SmolLM2 (GQA) and a tiny random
 # DeepSeek-V2 (MLA), one at a time (a server peaks at ~3.4 GB): start a server with the
 # plugin loaded (live_server.sh), run tests/sglang_live from the main .venv against it (the
-# reference engine on the same weights), stop it. Both models always run; exit 1 if either
-# failed. Every server is stopped on exit, also on failure or interrupt. Run files (server
-# logs, the figures) stay in a temp dir when something failed.
+# reference engine on the same weights), stop it. With LEYLINE_SGLANG_LIVE_EXTRA=1, two
+# more servers on the tiny MLA model: `--page-size 4` (the load, FORGET-purge and runtime
+# tests) and `--disable-radix-cache` (the runtime test: a typed unsupported_runtime
+# fallback). Every run always runs; exit 1 if any failed. Every server is stopped on exit,
+# also on failure or interrupt. Run files (server logs, the figures) stay in a temp dir
+# when something failed.
+#
+# SGLang's own KV invariant checks run strict in every server: after each batch (free +
+# evictable + protected + in-flight slots = capacity; while requests run, no page twice in
+# the free list and none both owned and free) and at idle (SGLang's default). A leak or a
+# double free stops the scheduler, and the tests then fail.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -17,7 +26,10 @@ t0=$SECONDS
 say() { printf '[sglang live-check %4ss] %s\n' "$((SECONDS - t0))" "$*"; }
 server=server_adapter/sglang/live_server.sh
 python=.venv/bin/python
-test_timeout=${LEYLINE_SGLANG_TEST_TIMEOUT:-360}
+test_timeout=${LEYLINE_SGLANG_TEST_TIMEOUT:-600}
+extra=${LEYLINE_SGLANG_LIVE_EXTRA:-0}
+export SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=${SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY:-1}
+export SGLANG_CHECK_KV_PAGE_INVARIANTS=${SGLANG_CHECK_KV_PAGE_INVARIANTS:-1}
 
 [[ -x $python ]] || { echo "no $python: run make setup first" >&2; exit 1; }
 run=$(mktemp -d "${TMPDIR:-/tmp}/leyline-sglang-live.XXXXXX")
@@ -40,40 +52,64 @@ for model in smollm2 tiny-mla-v2; do
   say "    $model: ${dirs[$model]}"
 done
 
-say "3/3 one live server per model, the live tests against each"
-failed=()
-for model in smollm2 tiny-mla-v2; do
-  port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  # The test plugin in tests/sglang_live/_stubs reads this in the server; the test touches it.
-  export LEYLINE_LIVE_ROTATION_OFF_FLAG=$run/$model/rotation-off
-  if ! bash "$server" start "$run/$model" "${dirs[$model]}" "$port"; then
-    failed+=("$model (server start)")
-    continue
-  fi
-  say "    tests/sglang_live against $model"
-  if ! LEYLINE_SGLANG_URL=http://127.0.0.1:$port LEYLINE_SGLANG_MODEL=${dirs[$model]} \
-    LEYLINE_SGLANG_REPORT=$run/$model/figures.jsonl \
-    timeout "$test_timeout" "$python" -m pytest -q -p no:cacheprovider tests/sglang_live; then
-    failed+=("$model (tests)")
-    tail -n 30 "$run/$model/server.log" | sed 's/^/    server.log: /'
-  fi
-  bash "$server" stop "$run/$model"
-  if [[ -f $run/$model/figures.jsonl ]]; then
-    "$python" - "$run/$model/figures.jsonl" <<'EOF'
+# report FIGURES_JSONL: the measured lines, one per check.
+report() {
+  "$python" - "$1" <<'EOF'
 import json, sys
 
 for line in open(sys.argv[1]):
     f = json.loads(line)
-    same = f.get("same_edit_max_delta_logprob")
-    extra = f"  (same edit: {same:.1e})" if same is not None else ""
-    print(f"    max |Δ logprob| {f['max_delta_logprob']:.1e}  {f['check']}{extra}")
+    check = f.pop("check")
+    delta = f.pop("max_delta_logprob", None)
+    same = f.pop("same_edit_max_delta_logprob", None)
+    if delta is not None and not f.keys() - {"tokens", "span", "response"}:
+        extra = f"  (same edit: {same:.1e})" if same is not None else ""
+        print(f"    max |Δ logprob| {delta:.1e}  {check}{extra}")
+        continue
+    if delta is not None:
+        f["max_delta_logprob"] = f"{delta:.1e}"
+    print(f"    {check}: " + ", ".join(f"{k} {v}" for k, v in f.items()))
 EOF
+}
+
+# run_server NAME MODEL "LAUNCH FLAGS" TEST_PATH...: one server, the tests against it.
+failed=()
+run_server() {
+  local name=$1 model=$2 flags=$3 port started=$SECONDS
+  shift 3
+  port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # The test plugin in tests/sglang_live/_stubs reads this in the server; the test touches it.
+  export LEYLINE_LIVE_ROTATION_OFF_FLAG=$run/$name/rotation-off
+  # shellcheck disable=SC2086  # the launch flags are separate words
+  if ! bash "$server" start "$run/$name" "${dirs[$model]}" "$port" $flags; then
+    failed+=("$name (server start)")
+    return 0
   fi
-done
+  say "    ${*#tests/} against $name"
+  if ! LEYLINE_SGLANG_URL=http://127.0.0.1:$port LEYLINE_SGLANG_MODEL=${dirs[$model]} \
+    LEYLINE_SGLANG_REPORT=$run/$name/figures.jsonl \
+    timeout "$test_timeout" "$python" -m pytest -q -p no:cacheprovider "$@"; then
+    failed+=("$name (tests)")
+    tail -n 30 "$run/$name/server.log" | sed 's/^/    server.log: /'
+  fi
+  bash "$server" stop "$run/$name"
+  [[ ! -f $run/$name/figures.jsonl ]] || report "$run/$name/figures.jsonl"
+  say "    $name: $((SECONDS - started)) s"
+}
+
+say "3/3 one live server per run, the live tests against each"
+run_server smollm2 smollm2 "" tests/sglang_live
+run_server tiny-mla-v2 tiny-mla-v2 "" tests/sglang_live
+if [[ $extra == 1 ]]; then
+  run_server tiny-mla-v2-page4 tiny-mla-v2 "--page-size 4" tests/sglang_live/test_load.py \
+    tests/sglang_live/test_forget_purge.py tests/sglang_live/test_runtime.py
+  run_server tiny-mla-v2-no-radix tiny-mla-v2 "--disable-radix-cache" \
+    tests/sglang_live/test_runtime.py
+fi
 
 if ((${#failed[@]})); then
   say "FAILED: ${failed[*]}; run files kept in $run"
   exit 1
 fi
 rm -rf "$run"
-say "done: both models passed in $((SECONDS - t0)) s"
+say "done: every run passed in $((SECONDS - t0)) s"

@@ -89,14 +89,43 @@ class TreeOps:
         else:
             self.tree.unlock(handle)
 
-    def unlocked_tail(self, node: Any) -> int:
-        """Tokens at the end of ``node``'s path that no request locks (locks cover a node's
-        whole path to the root, so the unlocked part is always a tail)."""
-        before = int(self.tree.evictable_size())
-        handle = self.lock(node)
-        after = int(self.tree.evictable_size())
-        self.unlock(handle)
-        return before - after
+    # -- unified tree only ----------------------------------------------------------------
+
+    def path(self, node: Any) -> tuple[Any, ...]:
+        """``node``'s root-to-node path, root excluded: ``TreePathNodeInfo``s (node id, token
+        span on the path, child count), from the tree core's interface (both cores)."""
+        return tuple(self.tree.tree_core.collect_path_info([node])[0])
+
+    def evict_below(self, top: Any) -> None:
+        """Evict ``top`` and everything below it that no request locks, and nothing else.
+
+        SGLang's own eviction walk, steered: the walk offers every unlocked leaf (and each
+        parent once its last child is gone), and only those whose path runs through ``top``
+        are evicted, with the walk's own per-leaf step (slots freed, events recorded). The
+        tree core only ever removes leaves, so a locked node and its ancestors stay. Both
+        tree cores list and evict the same way (``UnifiedRadixCache._evict_components``).
+        """
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+        full = ComponentType.FULL
+        tracker = {full: 0}
+        seen: set[Any] = set()
+        self.tree.tree_core.evict_device_start(full, 1 << 62)
+        try:
+            while True:
+                node, progressed = self.tree._evict_device_next_node(full, tracker)
+                if node is None:
+                    if not progressed:
+                        return
+                    continue
+                if node in seen:
+                    return  # defensive: node ids are never re-minted, so the walk is done
+                seen.add(node)
+                if any(p.node_id == top for p in self.path(node)):
+                    backup = self.tree._evict_device_leaf(node, tracker)
+                    assert backup is None, "a write-back host tier is refused at construction"
+        finally:
+            self.tree.tree_core.evict_device_end(full)
 
     def insert(self, tokens: Sequence[int], slots: torch.Tensor, owned: int) -> int:
         """Insert ``tokens`` -> ``slots``; ``slots[:owned]`` are the tree's own (matched).

@@ -89,6 +89,35 @@ def generate(server: httpx.Client, tokens: Sequence[int]) -> Generated:
     return Generated(top, int(meta["cached_tokens"]), int(meta["prompt_tokens"]))
 
 
+def generate_ids(
+    server: httpx.Client, tokens: Sequence[int], max_new_tokens: int
+) -> tuple[list[int], int]:
+    """SGLang's ``/generate`` of ``max_new_tokens`` greedy tokens: their ids, and how many
+    prompt tokens it found cached. SGLang then caches the prompt and all but the last output
+    token (whose KV was never computed)."""
+    reply = server.post(
+        "/generate",
+        json={
+            "input_ids": list(tokens),
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0},
+        },
+    )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    return [int(t) for t in body["output_ids"]], int(body["meta_info"]["cached_tokens"])
+
+
+def page_size(server: httpx.Client) -> int:
+    """The server's ``--page-size`` (SGLang's ``/server_info``)."""
+    reply = server.get("/server_info")
+    assert reply.status_code == 200, reply.text
+    return int(reply.json()["page_size"])
+
+
+def floor_page(n: int, page: int) -> int:
+    return n - n % page
+
+
 def reference_logprobs(
     engine: Engine, tokens: Sequence[int], edits: Sequence[Edit] = ()
 ) -> torch.Tensor:

@@ -1,0 +1,87 @@
+"""FORGET purges what was derived from the forgotten span from SGLang's shared radix cache.
+
+Protocol section 3.2: after a forget, no cache entry nobody holds may still serve KV computed
+with the forgotten span in context. Measured from outside with SGLang's own ``/generate``:
+after the forget, a generate of the session's *original* tokens (the forgotten span
+included) must find at most the prefix before the edit point cached (rounded down to a
+page). Whatever it finds past that was left behind. The figure is recorded either way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from ._live import (
+    apply,
+    create_session,
+    floor_page,
+    generate_ids,
+    page_size,
+    prompt_text,
+    record,
+    session_tokens,
+)
+
+if TYPE_CHECKING:
+    from leyline.server_adapter.engine import Engine
+
+CUT = 40
+
+
+def _forget(server: httpx.Client, tokens: list[int], start: int) -> None:
+    session, base = create_session(server, tokens)
+    forget = {"verb": "forget", "span": {"start": start, "end": start + CUT}}
+    reply = apply(server, session, base, [forget])
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["path"] == "reprefill", reply.text
+    assert session_tokens(server, session)[0] == tokens[:start] + tokens[start + CUT :]
+
+
+def test_forget_leaves_no_kv_of_the_forgotten_span(
+    server: httpx.Client, reference: Engine, report_path: Path | None
+) -> None:
+    page = page_size(server)
+    tokens = list(reference.encode(prompt_text("forget-purge", lines=6)))
+    start = len(tokens) // 3
+    _forget(server, tokens, start)
+    _, cached = generate_ids(server, tokens, 1)
+    leaked = max(0, cached - floor_page(start, page))
+    record(
+        report_path,
+        check="forget: original tokens still cached past the edit point",
+        leaked_tokens=leaked,
+        tokens=len(tokens),
+        edit_point=start,
+        page_size=page,
+    )
+    assert leaked == 0, f"{leaked} tokens past the edit point were still cached"
+
+
+def test_forget_purges_what_a_generation_appended(
+    server: httpx.Client, reference: Engine, report_path: Path | None
+) -> None:
+    """A generation past the session's tokens caches them plus its output: one more node
+    below the old sequence's path (the old path's last node is no longer a leaf). It was
+    computed with the forgotten span in context, so it goes too."""
+    page = page_size(server)
+    tokens = list(reference.encode(prompt_text("forget-purge-extended", lines=6)))
+    out, _ = generate_ids(server, tokens, 8)
+    extended = tokens + out[:-1]  # what that generate cached
+    _, cached = generate_ids(server, extended, 1)
+    assert cached >= floor_page(len(extended) - 1, page), "the extension was not cached"
+    start = len(tokens) // 3
+    _forget(server, tokens, start)
+    _, cached = generate_ids(server, extended, 1)
+    leaked = max(0, cached - floor_page(start, page))
+    record(
+        report_path,
+        check="forget: a generation's extension still cached past the edit point",
+        leaked_tokens=leaked,
+        tokens=len(extended),
+        edit_point=start,
+        page_size=page,
+    )
+    assert leaked == 0, f"{leaked} tokens past the edit point were still cached"
