@@ -23,6 +23,7 @@ EVALS: dict[str, str] = {
     "fidelity": "leyline.evals.fidelity.cli",
     "erratum": "leyline.evals.erratum.cli",
     "proxy": "leyline.evals.proxy.cli",
+    "robustness": "leyline.evals.robustness.cli",
     "debug-gym": "leyline.evals.debug_gym.launcher",
 }
 
@@ -30,7 +31,8 @@ EVALS: dict[str, str] = {
 def register(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "eval",
-        help="run an eval (mechanism, fidelity, erratum, proxy, debug-gym) and write its report",
+        help="run an eval (mechanism, fidelity, erratum, proxy, robustness, debug-gym) and write "
+        "its report",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -5,12 +5,14 @@ splice before some span, or a client re-sending edited messages, the blocks publ
 earlier hold that span behind a different prefix: purging the current sequence alone would
 leave them reusable. So each published sequence (a *lineage*) carries, position by position,
 where its token is now (or None once removed), updated through every edit with the
-algebra's position map. A FORGET of ``[start, end)`` then purges each lineage from its
-first position that is now inside the span.
+algebra's position map, and through a re-prefill by a diff of the old and new tokens. A
+FORGET of ``[start, end)`` then purges each lineage from its first position that is now
+inside the span.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -57,24 +59,17 @@ class Lineages:
         self._prune()
 
     def realigned(self, old: Sequence[int], new: Sequence[int]) -> None:
-        """The sequence was replaced by a prefill of ``new``: what ``old`` and ``new`` share
-        at the start and at the end keeps its place (one edited region between them)."""
-        head = 0
-        limit = min(len(old), len(new))
-        while head < limit and old[head] == new[head]:
-            head += 1
-        tail = 0
-        while tail < limit - head and old[-1 - tail] == new[-1 - tail]:
-            tail += 1
-        shift = len(new) - len(old)
-
-        def where(p: int) -> int | None:
-            if p < head:
-                return p
-            return p + shift if p >= len(old) - tail else None
-
+        """The sequence was replaced by a prefill of ``new`` (a client re-sent edited
+        messages): every run of tokens that ``old`` and ``new`` share, as a diff finds them,
+        keeps its place; the rest drops out. A coincidental match only ever widens a later
+        purge, never narrows it."""
+        where: dict[int, int] = {}
+        matcher = difflib.SequenceMatcher(None, list(old), list(new), autojunk=False)
+        for block in matcher.get_matching_blocks():
+            for k in range(block.size):
+                where[block.a + k] = block.b + k
         for item in self._items:
-            item.now = [None if p is None else where(p) for p in item.now]
+            item.now = [None if p is None else where.get(p) for p in item.now]
         self._prune()
 
     def forgotten(self, spans: Iterable[tuple[int, int]]) -> list[tuple[tuple[int, ...], int]]:

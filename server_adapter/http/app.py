@@ -29,6 +29,9 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
 
     app = FastAPI(
         lifespan=lifespan,
+        # No trailing-slash redirects: an unknown path is a 404 with the protocol's body,
+        # never an empty 307 (session ids are path segments).
+        redirect_slashes=False,
         title="Leyline",
         version=PROTOCOL_VERSION,
         description="OpenAI-compatible serving with KV-cache directives (splice, forget, "

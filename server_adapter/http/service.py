@@ -190,6 +190,7 @@ class LeylineService:
         leyline = leyline or LeylineRequest()
         _check_request(leyline)
         check_tokens(prompt, self.engine.vocab_size, self.backend.limits, "prompt")
+        _check_room(prompt, self.backend.limits.max_session_tokens)
         if leyline.session is None:
             # Stateless: a throwaway session outside the store (it still reuses and feeds
             # the shared prefix cache).
@@ -220,6 +221,7 @@ class LeylineService:
                     if adopted is not None:  # the reply came back as it was generated
                         prompt = adopted[0]
                         rendered = replace(rendered, tokens=adopted[0], spans=adopted[1])
+                _check_room(prompt, self.backend.limits.max_session_tokens)
                 plan = None
                 if leyline.directives:
                     plan = await self.core.plan(session, leyline.directives, leyline.base_revision)
@@ -302,6 +304,17 @@ class LeylineService:
         ttft = first[0] if first else time.perf_counter() - t0
         self.metrics.ttft.observe(ttft)
         return Reply(generation, response, len(prompt), generation.text, [], ttft)
+
+
+def _check_room(prompt: Sequence[int], cap: int | None) -> None:
+    """A generation needs room for one token after the prompt: refused before any change."""
+    if cap is not None and len(prompt) >= cap:
+        raise LeylineError(
+            ErrorCode.session_too_long,
+            f"the prompt is {len(prompt)} tokens; this server takes at most {cap} in a "
+            "session, generated tokens included: shorten it or forget part of the session",
+            "prompt",
+        )
 
 
 def _check_request(leyline: LeylineRequest) -> None:

@@ -186,6 +186,25 @@ def test_rejected_creates_create_nothing(server: Server) -> None:
         assert http.get("/leyline/v1/sessions/not-created").status_code == 404
 
 
+def test_a_prompt_with_no_room_to_generate_changes_nothing(server: Server) -> None:
+    """A prompt exactly at the session limit leaves no room for a token: refused up front
+    (it used to be prefilled into the session first)."""
+    with server.client() as http:
+        made = http.post("/leyline/v1/sessions", json={"session": "at-cap", "tokens": [1, 2, 3]})
+        assert made.status_code == 201, made.text
+        before = http.get("/leyline/v1/sessions/at-cap", params={"tokens": "true"}).json()
+        body = {
+            "prompt": [1, 2, 3] + [5] * (8192 - 3),
+            "max_tokens": 1,
+            "leyline": {"session": "at-cap"},
+        }
+        reply = http.post("/v1/completions", json=body)
+        assert reply.status_code == 413, reply.text
+        assert reply.json()["error"]["code"] == "session_too_long"
+        after = http.get("/leyline/v1/sessions/at-cap", params={"tokens": "true"}).json()
+    assert after == before
+
+
 def test_oversize_body_unknown_session_and_missing_key(server: Server) -> None:
     with server.client() as http:
         big = http.post("/v1/completions", json={"prompt": "x" * (MAX_BODY + 10)})

@@ -37,3 +37,12 @@ def test_a_reprefill_keeps_the_shared_head_and_tail_in_place() -> None:
     assert lineages.forgotten([(2, 5)]) == []  # the edited region maps nowhere
     lineages.realigned(new, [9] * 50)  # nothing shared: the lineage drops out
     assert len(lineages) == 0
+
+
+def test_a_resent_edit_with_new_turns_appended_still_maps_the_old_copy() -> None:
+    old = list(range(100, 140))
+    new = [*old[:2], 1, 1, 1, *old[4:], 7, 7, 7, 7]  # edited early, new turns at the end
+    lineages = Lineages()
+    lineages.published(old)
+    lineages.realigned(old, new)
+    assert lineages.forgotten([(17, 25)]) == [(tuple(old), 16)]

@@ -126,3 +126,12 @@ def test_forget_purges_what_a_client_resent_with_an_edit_before_the_span() -> No
     a.apply_edits([Edit(secret.start + 1, secret.stop + 1, (), Mode.forget)])
     assert _reuse(engine, original) <= secret.start
     assert _reuse(engine, edited) <= secret.start + 1
+
+
+def test_forget_purges_what_a_client_resent_with_an_edit_and_a_new_turn() -> None:
+    engine = _engine()
+    a, original, secret = _secret_session(engine)
+    more = random_tokens(8, engine.vocab_size, seed=12)
+    a.prefill([*original[:2], 7, 7, 7, *original[4:], *more])  # edited, and a turn appended
+    a.apply_edits([Edit(secret.start + 1, secret.stop + 1, (), Mode.forget)])
+    assert _reuse(engine, original) <= secret.start

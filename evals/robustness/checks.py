@@ -1,0 +1,270 @@
+"""The invariants every fuzzed request must keep, checked after each one.
+
+* no 5xx (a 501 ``unsupported_verb`` is the protocol's answer for a verb it does not run);
+* every 4xx/5xx body is exactly the protocol's error body, its code's HTTP status (a 3xx
+  is the framework's trailing-slash redirect: it must carry a Location);
+* a rejected request leaves the session it names as it was (tokens, revision, spans) and
+  creates none (an id that did not exist still answers 404);
+* the keep-alive connection survives (same socket), and a stream ends with ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from leyline.protocol.errors import HTTP_STATUS, ErrorCode
+
+from .fuzz import BASE_SESSIONS, NEW_SESSIONS, POOL, Call, Fuzzer, session_path
+from .shapes import CONVERSATION, View
+from .wire import Outcome, Wire
+
+MAX_TOKENS = 400
+"""A base session longer than this is recreated (keeps each request's model work small)."""
+SWEEP_EVERY = 100
+"""Every this many requests, every pool session is compared with what the checks expect."""
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    kind: str
+    """``5xx``, ``error body``, ``state change``, ``created``, ``connection``, ``stream``."""
+    request: str
+    status: int
+    detail: str
+    where: str = ""
+    """The route and the generator's label: examples are kept one per (kind, status, where)."""
+
+
+@dataclass(slots=True)
+class Tally:
+    requests: int = 0
+    setup_requests: int = 0
+    statuses: Counter[int] = field(default_factory=Counter)
+    codes: Counter[str] = field(default_factory=Counter)
+    by_route: dict[str, Counter[int]] = field(default_factory=dict)
+    labels: Counter[str] = field(default_factory=Counter)
+    violations: list[Violation] = field(default_factory=list)
+
+    def count(self, kind: str) -> int:
+        return sum(v.kind == kind for v in self.violations)
+
+
+class Checker:
+    """Sends fuzzed calls over one connection and checks each; ``views`` is the expected
+    state of every pool session (None: absent)."""
+
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+        self.tally = Tally()
+        self.views: dict[str, View | None] = {}
+        self._connection: int | None = None
+        self._previous: Call | None = None
+        self._unnamed: list[str] = []  # sessions created with a server-chosen id
+
+    # -- state -------------------------------------------------------------------------
+
+    def read(self, session: str) -> View | None:
+        self.tally.setup_requests += 1
+        got = self.wire.send("GET", session_path(session) + "?tokens=true")
+        if got.status == 404:
+            return None
+        if got.status != 200:
+            raise RuntimeError(f"GET {session!r} answered {got.status}: {got.body[:300]!r}")
+        return dict(json.loads(got.body))
+
+    def prepare(self) -> None:
+        """Before each request: base sessions exist and stay short; new ones go now and then."""
+        for session in POOL:
+            if session not in self.views:
+                self.views[session] = self.read(session)
+        for session in BASE_SESSIONS:
+            view = self.views[session]
+            if view is None or view["num_tokens"] > MAX_TOKENS:
+                self._setup("DELETE", session_path(session))
+                body = json.dumps({"session": session, "messages": CONVERSATION}).encode()
+                self._setup("POST", "/leyline/v1/sessions", body, expect=201)
+                self.views[session] = self.read(session)
+        if self.tally.requests % 25 == 0:
+            for session in NEW_SESSIONS:
+                if self.views[session] is not None:
+                    self._setup("DELETE", session_path(session))
+                    self.views[session] = None
+        if self.tally.requests % SWEEP_EVERY == 0:
+            self.sweep()
+
+    def sweep(self) -> None:
+        for session in POOL:
+            now = self.read(session)
+            if now != self.views[session]:
+                self._violate("state change", self._previous, 0, f"{session!r} drifted after it")
+                self.views[session] = now
+
+    def cleanup(self) -> None:
+        """Delete every session the fuzz made (the pool and server-named ones)."""
+        for session in (*POOL, *self._unnamed):
+            self.wire.send("DELETE", session_path(session))
+
+    def _setup(
+        self, method: str, path: str, body: bytes | None = None, expect: int | None = None
+    ) -> None:
+        self.tally.setup_requests += 1
+        got = self.wire.send(method, path, body)
+        if got.status >= 500 or got.status == 0 or expect not in (None, got.status):
+            raise RuntimeError(f"setup {method} {path} failed: {got.status} {got.body[:300]!r}")
+
+    # -- one request -------------------------------------------------------------------
+
+    def step(self, fuzzer: Fuzzer) -> Outcome:
+        """Prepare the pool, draw one request against it, send and check it."""
+        self.prepare()
+        return self.run(fuzzer.next(self.views))
+
+    def run(self, call: Call) -> Outcome:
+        before = self.views.get(call.session) if call.session else None
+        got = self.wire.send(call.method, call.path, call.body, call.auth)
+        self._count(call, got)
+        self._check_connection(call, got)
+        code = self._check_body(call, got) if got.status else "no answer"
+        if got.status == 201 and call.session is None:
+            self._unnamed.append(str(json.loads(got.body).get("session")))
+        if call.session in POOL:
+            after = self.read(call.session)
+            accepted = 200 <= got.status < 300
+            if got.status and not accepted and after != before:
+                kind = "created" if before is None else "state change"
+                detail = f"{call.session!r}: {_diff(before, after)} ({code})"
+                self._violate(kind, call, got.status, detail)
+            self.views[call.session] = after
+        self._previous = call
+        return got
+
+    def _count(self, call: Call, got: Outcome) -> None:
+        tally = self.tally
+        tally.requests += 1
+        tally.statuses[got.status] += 1
+        tally.by_route.setdefault(call.route, Counter())[got.status] += 1
+        tally.labels[call.label or call.method] += 1
+
+    def _check_connection(self, call: Call, got: Outcome) -> None:
+        if got.status == 0:
+            detail = f"no answer ({got.error}); the request before: {_show(self._previous)}"
+            self._violate("connection", call, 0, detail)
+        elif self._connection is not None and got.connection != self._connection:
+            detail = f"a new connection was needed after: {_show(self._previous)}"
+            self._violate("connection", call, got.status, detail)
+        if got.closed:
+            self._violate("connection", call, got.status, "answered with Connection: close")
+        self._connection = got.connection
+
+    def _check_body(self, call: Call, got: Outcome) -> str:
+        if 200 <= got.status < 300:
+            problem = _success_problem(got)
+            if problem:
+                self._violate("stream", call, got.status, problem)
+            return "ok"
+        if 300 <= got.status < 400:
+            # Starlette's slash redirect (``/sessions/%2F`` -> ``/sessions/``): not a
+            # failure, but it must say where to go. Counted in the histogram.
+            if not got.location:
+                self._violate("error body", call, got.status, "redirect, no Location")
+            return "redirect"
+        code, problem = _error_problem(got)
+        self.tally.codes[code] += 1
+        if got.status >= 500 and code != ErrorCode.unsupported_verb:
+            self._violate("5xx", call, got.status, got.body[:300].decode(errors="replace"))
+        if problem:
+            self._violate("error body", call, got.status, problem)
+        return code
+
+    def _violate(self, kind: str, call: Call | None, status: int, detail: str) -> None:
+        where = f"{call.route} [{call.label}]" if call else ""
+        self.tally.violations.append(Violation(kind, _show(call), status, detail, where))
+
+
+def _error_problem(got: Outcome) -> tuple[str, str]:
+    """(code, what is wrong with the error body, or "")."""
+    try:
+        body: Any = json.loads(got.body)
+        error = body["error"]
+        code = str(error["code"])
+    except (ValueError, KeyError, TypeError):
+        return "?", f"not the protocol's error body: {got.body[:200]!r}"
+    if set(body) != {"error"} or set(error) != {"type", "code", "message", "field"}:
+        return code, f"extra or missing keys: {sorted(body)} / {sorted(error)}"
+    if error["type"] != "leyline_error" or code not in ErrorCode.__members__:
+        return code, f"type {error['type']!r}, code {code!r}"
+    if HTTP_STATUS[ErrorCode(code)] != got.status:
+        return code, f"code {code} is HTTP {HTTP_STATUS[ErrorCode(code)]}, got {got.status}"
+    if not isinstance(error["message"], str) or not error["message"]:
+        return code, "empty message"
+    if error["field"] is not None and not isinstance(error["field"], str):
+        return code, f"field {error['field']!r}"
+    return code, ""
+
+
+def _success_problem(got: Outcome) -> str:
+    if got.status == 204:
+        return "" if not got.body else "a 204 with a body"
+    if got.content_type.startswith("text/event-stream"):
+        return "" if got.body.rstrip().endswith(b"data: [DONE]") else "stream without [DONE]"
+    try:
+        json.loads(got.body)
+    except ValueError:
+        return f"a {got.status} whose body is not JSON"
+    return ""
+
+
+def _diff(before: View | None, after: View | None) -> str:
+    if before is None or after is None:
+        return f"{_presence(before)} -> {_presence(after)}"
+    keys = [k for k in ("revision", "num_tokens", "tokens", "spans") if before[k] != after[k]]
+    return f"changed {keys}: revision {before['revision']} -> {after['revision']}, " + (
+        f"{before['num_tokens']} -> {after['num_tokens']} tokens"
+    )
+
+
+KINDS = ("5xx", "error body", "state change", "created", "connection", "stream")
+
+
+def summarize(tally: Tally, seconds: float, keep: int = 40) -> dict[str, Any]:
+    """The fuzz figures for report.json: histograms, violation counts, distinct examples."""
+    distinct: dict[tuple[str, int, str], Violation] = {}
+    times: Counter[tuple[str, int, str]] = Counter()
+    for v in tally.violations:
+        distinct.setdefault((v.kind, v.status, v.where), v)
+        times[v.kind, v.status, v.where] += 1
+    return {
+        "requests": tally.requests,
+        "setup_requests": tally.setup_requests,
+        "seconds": seconds,
+        "requests_per_s": tally.requests / seconds if seconds else None,
+        "statuses": {str(k): n for k, n in sorted(tally.statuses.items())},
+        "codes": dict(tally.codes.most_common()),
+        "by_route": {
+            r: {str(k): n for k, n in sorted(c.items())} for r, c in tally.by_route.items()
+        },
+        "labels": dict(tally.labels.most_common()),
+        "violations": {kind: tally.count(kind) for kind in KINDS},
+        "examples": [
+            {
+                "kind": v.kind,
+                "status": v.status,
+                "where": v.where,
+                "detail": v.detail,
+                "request": v.request,
+                "times": times[key],
+            }
+            for key, v in list(distinct.items())[:keep]
+        ],
+    }
+
+
+def _show(call: Call | None) -> str:
+    return call.reproducer() if call else "(none)"
+
+
+def _presence(view: View | None) -> str:
+    return "absent" if view is None else "present"
