@@ -21,6 +21,7 @@ Each has --fast, a short mode (the one CI runs); `leyline eval NAME --help` says
 EVALS: dict[str, str] = {
     "mechanism": "leyline.evals.mechanism.cli",
     "fidelity": "leyline.evals.fidelity.cli",
+    "compose": "leyline.evals.compose.cli",
     "erratum": "leyline.evals.erratum.cli",
     "proxy": "leyline.evals.proxy.cli",
     "robustness": "leyline.evals.robustness.cli",
@@ -31,8 +32,8 @@ EVALS: dict[str, str] = {
 def register(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "eval",
-        help="run an eval (mechanism, fidelity, erratum, proxy, robustness, debug-gym) and write "
-        "its report",
+        help="run an eval (mechanism, fidelity, compose, erratum, proxy, robustness, debug-gym) "
+        "and write its report",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

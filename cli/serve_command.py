@@ -66,6 +66,23 @@ def register(commands: Any) -> None:
         help="KV bytes of all sessions together (idle ones evicted past it)",
     )
     limits.add_argument(
+        "--tenant-max-sessions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sessions one tenant may hold: past it that tenant's own idle sessions are "
+        "evicted, never another's (None: only --max-sessions applies)",
+    )
+    limits.add_argument(
+        "--tenant-max-cache-gib",
+        type=float,
+        default=None,
+        metavar="X",
+        help="KV one tenant's sessions may hold together: past it that tenant's own idle "
+        "sessions are evicted; a session alone past it is refused (None: only "
+        "--max-cache-gib applies)",
+    )
+    limits.add_argument(
         "--prefix-cache-gib",
         type=float,
         default=1.0,
@@ -109,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
             max_session_tokens=args.max_session_tokens,
             max_sessions=args.max_sessions,
             max_cache_bytes=int(args.max_cache_gib * 1024**3),
+            tenant_max_sessions=args.tenant_max_sessions,
+            tenant_max_cache_bytes=_gib_or_none(args.tenant_max_cache_gib),
             max_new_tokens=args.max_new_tokens,
             served_model_name=args.served_model_name,
         )
@@ -117,11 +136,14 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"leyline serve: {exc}", file=sys.stderr)
         return 2
-    service = app.state.service
     print(
-        f"leyline: {service.engine.loaded.label} ready in {time.perf_counter() - t0:.1f}s; "
+        f"leyline: {app.state.engine.loaded.label} ready in {time.perf_counter() - t0:.1f}s; "
         f"serving on http://{settings.host}:{settings.port} (docs at /docs)",
         file=sys.stderr,
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0
+
+
+def _gib_or_none(gib: float | None) -> int | None:
+    return None if gib is None else int(gib * 1024**3)

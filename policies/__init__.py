@@ -13,6 +13,8 @@ No torch, no server: this package only needs pydantic (and the protocol package)
 * :class:`LeylineOpenAI` / :class:`AsyncLeylineOpenAI` wrap an ``openai`` client for one
   agent episode: policy before each call, edits as directives, a :class:`CallRecord` per call,
   plain messages (re-prefilled) against servers without Leyline.
+* :class:`SkillLibrary` / :class:`AsyncSkillLibrary` register skills (messages whose KV a
+  server computes once); the wrappers compose a new skill message instead of prefilling it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from .errors import (
     PolicyConfigError,
     PolicyEditError,
     PolicyError,
+    SkillError,
     TranscriptError,
     UnknownPolicyError,
 )
@@ -61,6 +64,8 @@ from .registry import (
     parse_policy,
     register_policy,
 )
+from .skill_refs import SKILL_KEY, SkillBlock
+from .skills import DEFAULT_SKILL_CONTEXT, AsyncSkillLibrary, SkillEntry, SkillLibrary, SkillSet
 from .staleness import StaleToolOutputs
 from .stubs import StubMatcher
 from .transcript import ToolCall, ToolOutput, Transcript
@@ -75,11 +80,14 @@ from .translate import (
 from .truncate import TruncateOldToolOutputs
 
 __all__ = [
+    "DEFAULT_SKILL_CONTEXT",
     "ENTRY_POINT_GROUP",
+    "SKILL_KEY",
     "Addressing",
     "AppendErratum",
     "AppliedEdits",
     "AsyncLeylineOpenAI",
+    "AsyncSkillLibrary",
     "CallRecord",
     "CallableCounter",
     "Chain",
@@ -103,6 +111,11 @@ __all__ = [
     "Render",
     "ReplaceContent",
     "ServerSupport",
+    "SkillBlock",
+    "SkillEntry",
+    "SkillError",
+    "SkillLibrary",
+    "SkillSet",
     "StaleToolOutputs",
     "StubMatcher",
     "TiktokenCounter",

@@ -6,11 +6,12 @@ Used by :mod:`.translate`, which states the rules and re-exports the public name
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from leyline.protocol import (
+    ComposeDirective,
     ErratumDirective,
     ForgetDirective,
     MessageAnchor,
@@ -22,6 +23,7 @@ from leyline.protocol.resources import TokenizeResponse
 
 from .align import Pair
 from .messages import Message, content_text, same_rendering, shape_key
+from .skill_refs import SkillBlock
 
 Addressing = Literal["auto", "anchor", "token"]
 """``anchor``: message anchors the server resolves; ``token``: token spans from the reported
@@ -31,7 +33,7 @@ Render = Callable[[Sequence[Message]], TokenizeResponse]
 """Tokens and message spans of a message list as the server renders it, e.g.
 ``lambda ms: client.tokenize(messages=list(ms))``."""
 
-EditDirective = SpliceDirective | ForgetDirective | ErratumDirective
+EditDirective = SpliceDirective | ForgetDirective | ErratumDirective | ComposeDirective
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +58,16 @@ def check_alignment(pairs: Sequence[Pair], old: int, new: int) -> None:
 
 
 class DirectiveBuilder:
-    """One batch: content splices for changed messages, span splices for message groups.
+    """One batch: content splices for changed messages, span splices for message groups,
+    composes for new skill messages.
 
     The old spans and the new rendering are fetched at most once, and only when a change
     needs them; a change that needs what is missing raises :class:`Unexpressible`.
+
+    ``skills`` (new message index -> block) are composed only when the block is exactly the
+    message's tokens in the new rendering (so ``render`` is needed), and ``tail`` (the
+    cached tokens after the old messages: generation prompt and reply) lets a skill among
+    the appended messages replace that tail; without it appended skills go as text.
     """
 
     def __init__(
@@ -70,12 +78,21 @@ class DirectiveBuilder:
         render: Render | None,
         use_tokens: bool,
         forget: frozenset[int],
+        skills: Mapping[int, SkillBlock] | None = None,
+        tail: TokenSpan | None = None,
     ) -> None:
         self.old, self.new, self.spans, self.render = old, new, spans, render
         self.use_tokens, self.forget = use_tokens, forget
+        self.skills: Mapping[int, SkillBlock] = skills if skills and render is not None else {}
+        self.tail = tail
+        self.notes: list[str] = []
+        """Why a skill message went as text rather than as a compose."""
+        self.tail_replaced = False
+        """The batch replaces ``tail`` (then nothing else may delete it)."""
         self._old_spans: Sequence[MessageSpan] | None = spans or None
         self._new_render: TokenizeResponse | None = None
         self._old_render: TokenizeResponse | None = None
+        self._checked_blocks: dict[int, bool] = {}
 
     def build(self, pairs: Sequence[Pair]) -> tuple[list[EditDirective], int]:
         directives: list[EditDirective] = []
@@ -87,12 +104,18 @@ class DirectiveBuilder:
         def flush(last: bool = False) -> None:
             nonlocal appended
             a = consumed - len(run_old)
-            if last and run_new:  # new messages at the end extend the session: no directive
-                appended = len(run_new)
-                run_new.clear()
+            tail_end = None
+            if last and run_new:
+                # New messages at the end extend the session (no directive), except up to
+                # the last one composed: those replace the cached tail.
+                sent = self._trailing_group(run_new)
+                appended = len(run_new) - sent
+                del run_new[sent:]
+                tail_end = self.tail.end if sent and self.tail is not None else None
             if run_old or run_new:
                 c = run_new[0] if run_new else 0
-                directives.extend(self._group(_Group(a, consumed, c, c + len(run_new))))
+                group = _Group(a, consumed, c, c + len(run_new))
+                directives.extend(self._group(group, tail_end))
             run_old.clear()
             run_new.clear()
 
@@ -102,7 +125,7 @@ class DirectiveBuilder:
                     flush()
                     consumed += 1
                     continue
-                if self._content_editable(o, j):
+                if j not in self.skills and self._content_editable(o, j):
                     flush()
                     directives.extend(self._content(o, j))
                     consumed += 1
@@ -176,7 +199,8 @@ class DirectiveBuilder:
             _checked(self._old_render.spans, len(self.old), "old")
         return self._old_render
 
-    def _group(self, g: _Group) -> list[EditDirective]:
+    def _group(self, g: _Group, tail_end: int | None = None) -> list[EditDirective]:
+        """Old messages ``[a, b)`` (through ``tail_end`` when given) -> new ``[c, d)``."""
         if g.c == g.d and not self.use_tokens:  # deletions: anchors the server resolves
             return [
                 self._mode(range(k, k + 1))(span=MessageAnchor(message=k)) for k in range(g.a, g.b)
@@ -185,14 +209,73 @@ class DirectiveBuilder:
         if g.c < g.d:
             self._rendered_new()  # the reason to name first when nothing can render
         start, end = _region(self._spans_old(), g.a, g.b)
-        tokens: list[int] = []
-        if g.c < g.d:
-            rendered = self._rendered_new()
-            lo, hi = _region(rendered.spans, g.c, g.d)
-            tokens = list(rendered.tokens[lo:hi])
-        if start == end and not tokens:
-            return []
-        return [verb(span=TokenSpan(start=start, end=end), replacement=tokens or "")]
+        if tail_end is not None:
+            end, self.tail_replaced = tail_end, True
+        head, composed = self._pieces(g)
+        out: list[EditDirective] = []
+        if start < end or head:
+            out.append(verb(span=TokenSpan(start=start, end=end), replacement=head or ""))
+        # Insertions at one point apply in batch order, after a span that ends there.
+        for block, following in composed:
+            out.append(ComposeDirective(skill=block.skill, at=end, seam_tokens=block.seam_tokens))
+            if following:
+                out.append(verb(span=TokenSpan(start=end, end=end), replacement=following))
+        return out
+
+    def _pieces(self, g: _Group) -> tuple[list[int], list[tuple[SkillBlock, list[int]]]]:
+        """New messages ``[c, d)`` as tokens: those before the first composed skill, then
+        each composed skill with the tokens that follow it up to the next one."""
+        if g.c == g.d:
+            return [], []
+        rendered = self._rendered_new()
+        # Where each message's tokens start, separators split as _region splits them.
+        cuts = [_region(rendered.spans, g.c, k)[1] for k in range(g.c, g.d + 1)]
+        head: list[int] = []
+        composed: list[tuple[SkillBlock, list[int]]] = []
+        current = head
+        for k in range(g.c, g.d):
+            piece = rendered.tokens[cuts[k - g.c] : cuts[k - g.c + 1]]
+            block = self._block(k, piece)
+            if block is None:
+                current.extend(piece)
+            else:
+                current = []
+                composed.append((block, current))
+        return head, composed
+
+    def _block(self, k: int, piece: Sequence[int]) -> SkillBlock | None:
+        """New message ``k``'s skill, if its block is exactly the message's tokens here."""
+        block = self.skills.get(k)
+        if block is None:
+            return None
+        if k not in self._checked_blocks:
+            self._checked_blocks[k] = tuple(piece) == block.tokens
+            if not self._checked_blocks[k]:
+                self.notes.append(
+                    f"skill {block.skill!r} (message {k}): the server renders the message "
+                    f"to other tokens here ({len(piece)}) than the skill holds "
+                    f"({len(block.tokens)}); sent as text"
+                )
+        return block if self._checked_blocks[k] else None
+
+    def _trailing_group(self, run: Sequence[int]) -> int:
+        """How many of the appended new messages ``run`` go in the batch: through the last
+        one composed, which needs the cached tail (generation prompt, reply) to replace."""
+        skills = [k for k in run if k in self.skills]
+        if not skills:
+            return 0
+        if self.tail is None or not self.old or run[0] == 0:
+            why = "unknown" if self.old and run[0] else "not after a cached message"
+            self.notes.append(f"appended skill messages go as text: the cached tail is {why}")
+            return 0
+        if self._spans_old()[-1].end != self.tail.start:
+            self.notes.append("appended skill messages go as text: the cached tail is elsewhere")
+            return 0
+        rendered = self._rendered_new()
+        for k in reversed(skills):  # run[0] > 0: message k's tokens start after k - 1's
+            if self._block(k, rendered.tokens[rendered.spans[k - 1].end : rendered.spans[k].end]):
+                return k - run[0] + 1
+        return 0
 
     def _spans_old(self) -> Sequence[MessageSpan]:
         if self._old_spans is None:

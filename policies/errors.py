@@ -50,3 +50,13 @@ class PolicyEditError(PolicyError):
         super().__init__(f"policy {policy!r}: {problem}")
         self.policy = policy
         self.problem = problem
+
+
+class SkillError(PolicyError, ValueError):
+    """A skill cannot be registered or used as asked (an unknown name, a server rendering
+    that cannot be split per message). Errors the server answers stay ``LeylineError``."""
+
+    def __init__(self, skill: str, problem: str) -> None:
+        super().__init__(f"skill {skill!r}: {problem}")
+        self.skill = skill
+        self.problem = problem

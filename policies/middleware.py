@@ -37,7 +37,9 @@ from .middleware_wire import (
     LEYLINE_KEY,
     RenderUnavailable,
     ServerSupport,
+    composes,
     extra_body_of,
+    failed_skills,
     normalize_messages,
     renderer,
     resync_reason,
@@ -48,6 +50,7 @@ from .middleware_wire import (
 )
 from .planner import Pinned, TurnPlanner
 from .registry import PolicyConfig
+from .skills import SkillSet
 from .translate import Addressing
 
 logger = logging.getLogger("leyline.policies.middleware")
@@ -64,6 +67,9 @@ class LeylineOpenAI:
         directives: False sends the edited messages without directives, even to a Leyline
             server: it then re-prefills from the first change (a baseline to compare with).
         counter, addressing, pinned: passed to :class:`~.planner.TurnPlanner`.
+        skills: a :class:`~.skills.SkillLibrary`: new messages made with
+            ``skills.message(name)`` are composed (their KV inserted precomputed) where the
+            server executes ``compose``, and sent as text elsewhere.
     """
 
     def __init__(
@@ -76,8 +82,10 @@ class LeylineOpenAI:
         counter: TokenCounter | None = None,
         addressing: Addressing = "auto",
         pinned: Pinned | None = None,
+        skills: SkillSet | None = None,
     ) -> None:
         self.client = client
+        self.skills = skills
         planner = TurnPlanner(policy, counter=counter, addressing=addressing, pinned=pinned)
         self.episode = Episode(planner, session or new_session_id(), directives=directives)
         self.chat = _Chat(self)
@@ -151,6 +159,7 @@ class LeylineOpenAI:
                     raise  # nothing of ours in it: the planner is as it was
                 resync = resync_reason(exc)
                 logger.info("re-sending without directives (%s)", resync)
+                self._drop_skills(exc, prepared)
                 self.episode.drop()
                 prepared = self._prepare(agent, support, kwargs.get("tools"))
                 completion = self._send(prepared, kwargs, extra)
@@ -162,6 +171,7 @@ class LeylineOpenAI:
     ) -> PreparedCall:
         renders = support.leyline and self.episode.directives
         self.planner.render = renderer(self._tokenize, tools) if renders else None
+        self.planner.skills = composes(self.skills, support) if renders else None
         try:
             return self.episode.prepare(agent, support)
         except RenderUnavailable as exc:
@@ -169,7 +179,15 @@ class LeylineOpenAI:
             self.planner.render = None
             return self.episode.prepare(agent, support)
         finally:
-            self.planner.render = None
+            self.planner.render = self.planner.skills = None
+
+    def _drop_skills(self, exc: openai.APIError, prepared: PreparedCall) -> None:
+        """A compose the server refused (skill gone or bound elsewhere) is not tried again."""
+        if self.skills is None:
+            return
+        for skill in failed_skills(exc, prepared.plan.directives):
+            logger.info("skill %s cannot be composed here; its text goes instead", skill)
+            self.skills.discard(skill)
 
     def _send(
         self, prepared: PreparedCall, kwargs: dict[str, Any], extra: dict[str, object]

@@ -28,7 +28,9 @@ from .middleware_wire import (
     LEYLINE_KEY,
     RenderUnavailable,
     ServerSupport,
+    composes,
     extra_body_of,
+    failed_skills,
     normalize_messages,
     renderer,
     resync_reason,
@@ -39,6 +41,7 @@ from .middleware_wire import (
 )
 from .planner import Pinned, TurnPlanner
 from .registry import PolicyConfig
+from .skills import SkillSet
 from .translate import Addressing
 
 logger = logging.getLogger("leyline.policies.middleware")
@@ -64,8 +67,10 @@ class AsyncLeylineOpenAI:
         counter: TokenCounter | None = None,
         addressing: Addressing = "auto",
         pinned: Pinned | None = None,
+        skills: SkillSet | None = None,
     ) -> None:
         self.client = client
+        self.skills = skills
         planner = TurnPlanner(policy, counter=counter, addressing=addressing, pinned=pinned)
         self.episode = Episode(planner, session or new_session_id(), directives=directives)
         self.chat = _AsyncChat(self)
@@ -134,6 +139,7 @@ class AsyncLeylineOpenAI:
                     raise
                 resync = resync_reason(exc)
                 logger.info("re-sending without directives (%s)", resync)
+                self._drop_skills(exc, prepared)
                 self.episode.drop()
                 prepared = await self._prepare(agent, support, kwargs.get("tools"))
                 completion = await self._send(prepared, kwargs, extra)
@@ -144,7 +150,7 @@ class AsyncLeylineOpenAI:
         self, agent: Sequence[Message], support: ServerSupport, tools: object
     ) -> PreparedCall:
         if not (support.leyline and self.episode.directives):
-            self.planner.render = None
+            self.planner.render = self.planner.skills = None
             return self.episode.prepare(agent, support)
         loop = asyncio.get_running_loop()
 
@@ -153,6 +159,7 @@ class AsyncLeylineOpenAI:
             return future.result(timeout=_RENDER_TIMEOUT_S)
 
         self.planner.render = renderer(tokenize, tools)
+        self.planner.skills = composes(self.skills, support)
         try:
             return await asyncio.to_thread(self.episode.prepare, agent, support)
         except RenderUnavailable as exc:
@@ -160,7 +167,15 @@ class AsyncLeylineOpenAI:
             self.planner.render = None
             return self.episode.prepare(agent, support)
         finally:
-            self.planner.render = None
+            self.planner.render = self.planner.skills = None
+
+    def _drop_skills(self, exc: openai.APIError, prepared: PreparedCall) -> None:
+        """See :meth:`LeylineOpenAI._drop_skills <.middleware.LeylineOpenAI._drop_skills>`."""
+        if self.skills is None:
+            return
+        for skill in failed_skills(exc, prepared.plan.directives):
+            logger.info("skill %s cannot be composed here; its text goes instead", skill)
+            self.skills.discard(skill)
 
     async def _send(
         self, prepared: PreparedCall, kwargs: dict[str, Any], extra: dict[str, object]

@@ -53,6 +53,10 @@ class CallRecord:
     revision: int | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    composed: tuple[str, ...] = ()
+    """Skills the server composed this call (their ids, in batch order)."""
+    skill_notes: tuple[str, ...] = ()
+    """Why new skill messages went as text (prefilled) rather than as composes."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -97,13 +101,20 @@ class Episode:
         Raises:
             TranscriptError, PolicyEditError: from the planner; nothing changed.
         """
-        plan = self.planner.plan(messages)
+        reply = self._reply
+        tail = TokenSpan(start=reply.start, end=reply.end) if reply is not None else None
+        plan = self.planner.plan(messages, tail=tail)
         if not support.leyline:
             return PreparedCall(plan, None)
         if not self.directives:
             return PreparedCall(plan, LeylineRequest(session=self.session).model_dump(mode="json"))
-        if plan.directives and self._reply is not None and not self._reply_sent(plan):
-            plan = replace(plan, directives=(*plan.directives, self._drop_reply(self._reply)))
+        if (
+            plan.directives
+            and reply is not None
+            and not plan.tail_replaced  # a compose after the sent messages replaced it
+            and not self._reply_sent(plan)
+        ):
+            plan = replace(plan, directives=(*plan.directives, self._drop_reply(reply)))
         body = plan.leyline(self.session).model_dump(mode="json", exclude_none=True)
         return PreparedCall(plan, body)
 
@@ -145,6 +156,8 @@ class Episode:
             revision=leyline.revision if leyline else None,
             prompt_tokens=prompt,
             completion_tokens=generated,
+            composed=tuple(block.skill for block in leyline.composed) if leyline else (),
+            skill_notes=plan.skill_notes,
         )
         self.records.append(record)
         self.last_plan = plan

@@ -5,6 +5,7 @@ No I/O here; :mod:`.middleware` and :mod:`.middleware_async` send what these bui
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,10 +13,18 @@ from typing import Any
 import openai
 from pydantic import BaseModel, ValidationError
 
-from leyline.protocol import PROTOCOL_VERSION, Capabilities, Verb, is_compatible
+from leyline.protocol import (
+    PROTOCOL_VERSION,
+    Capabilities,
+    ComposeDirective,
+    Verb,
+    is_compatible,
+)
 from leyline.protocol.resources import TokenizeRequest, TokenizeResponse
 
 from .messages import Message
+from .skill_refs import SkillLookup
+from .skills import SkillSet
 
 LEYLINE_KEY = "leyline"
 """The key of the Leyline object in a request body (``extra_body``) and in a response."""
@@ -30,6 +39,12 @@ class ServerSupport:
     note: str
     """What was found, in words."""
     capabilities: Capabilities | None = None
+
+    @property
+    def compose(self) -> bool:
+        """Skills can be composed: a Leyline server whose verbs include ``compose``."""
+        caps = self.capabilities
+        return self.leyline and caps is not None and Verb.compose in caps.verbs
 
 
 def support_from_capabilities(data: object) -> ServerSupport:
@@ -106,6 +121,28 @@ def tokenize_body(messages: Sequence[Message], tools: list[object] | None) -> di
         {"messages": [dict(m) for m in messages], "tools": tools}
     )
     return request.model_dump(mode="json", exclude_none=True)
+
+
+def composes(skills: SkillSet | None, support: ServerSupport) -> SkillLookup | None:
+    """The planner's skill lookup: only where the server executes ``compose``."""
+    return skills.lookup if skills is not None and support.compose else None
+
+
+SKILL_ERRORS = frozenset({"unknown_skill", "skill_mismatch"})
+"""Codes that say a skill cannot be composed in this session until registered again."""
+
+
+def failed_skills(exc: openai.APIError, directives: Sequence[object]) -> list[str]:
+    """The skills a refused batch names as the cause (all its composes when the error's
+    ``field`` does not point at one); none unless the code is a skill error."""
+    skills = {i: d.skill for i, d in enumerate(directives) if isinstance(d, ComposeDirective)}
+    if not isinstance(exc, openai.APIStatusError) or exc.code not in SKILL_ERRORS:
+        return []
+    body = exc.body if isinstance(exc.body, Mapping) else {}
+    found = re.match(r"directives\[(\d+)\]", str(body.get("field") or ""))
+    if found and int(found.group(1)) in skills:
+        return [skills[int(found.group(1))]]
+    return list(skills.values())
 
 
 def resync_reason(exc: openai.APIError) -> str:

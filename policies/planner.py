@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from leyline.protocol import LeylineRequest, LeylineResponse, MessageSpan, Mode
+from leyline.protocol import LeylineRequest, LeylineResponse, MessageSpan, Mode, TokenSpan
 
 from .align import align_messages
 from .base import Policy, run_policy
@@ -38,6 +38,7 @@ from .edits import (
 from .errors import TranscriptError
 from .messages import Message, message_key
 from .registry import PolicyConfig, parse_policy
+from .skill_refs import SkillLookup, skill_blocks, wire_message
 from .transcript import Transcript
 from .translate import Addressing, EditDirective, Render, plan_directives
 
@@ -48,7 +49,8 @@ Pinned = Callable[[int, Message], bool]
 @dataclass(frozen=True, slots=True)
 class TurnPlan:
     messages: tuple[Message, ...]
-    """The messages to send: the agent's, with the policy's edits applied."""
+    """The messages to send: the agent's, with the policy's edits applied (and without the
+    side field of skill messages, which is for the planner only)."""
     directives: tuple[EditDirective, ...]
     base_revision: int | None
     """The cached revision the directives address (None when nothing is cached)."""
@@ -58,6 +60,10 @@ class TurnPlan:
     """Why the edits go as plain messages (the server re-prefills) instead of directives."""
     agent: tuple[Message, ...] = field(default=(), repr=False)
     log: tuple[PolicyEdit, ...] = field(default=(), repr=False)
+    skill_notes: tuple[str, ...] = ()
+    """Why new skill messages went as text rather than as composes."""
+    tail_replaced: bool = False
+    """The directives replace the cached tail given to :meth:`TurnPlanner.plan`."""
 
     def leyline(self, session: str | None = None) -> LeylineRequest:
         """The ``leyline`` object of the chat request (``extra_body={"leyline": ...}``)."""
@@ -69,7 +75,11 @@ class TurnPlan:
 
 
 class TurnPlanner:
-    """Turns an agent's message list into what to send, turn after turn. No I/O."""
+    """Turns an agent's message list into what to send, turn after turn. No I/O.
+
+    ``skills`` looks up skill messages (see :mod:`.skills`); with it and ``render``, a new
+    skill message is composed (the server inserts its precomputed KV) instead of prefilled.
+    """
 
     def __init__(
         self,
@@ -79,10 +89,11 @@ class TurnPlanner:
         render: Render | None = None,
         addressing: Addressing = "auto",
         pinned: Pinned | None = None,
+        skills: SkillLookup | None = None,
     ) -> None:
         self.policy: Policy | None = parse_policy(policy) if policy is not None else None
         self.counter, self.render, self.addressing = counter, render, addressing
-        self.pinned = pinned
+        self.pinned, self.skills = pinned, skills
         self._agent: tuple[Message, ...] = ()
         self._log: tuple[PolicyEdit, ...] = ()
         self._served: tuple[Message, ...] = ()
@@ -97,8 +108,12 @@ class TurnPlanner:
     def served(self) -> tuple[Message, ...]:
         return self._served
 
-    def plan(self, messages: Sequence[Message]) -> TurnPlan:
+    def plan(self, messages: Sequence[Message], *, tail: TokenSpan | None = None) -> TurnPlan:
         """What to send for the agent's ``messages``.
+
+        ``tail`` is what the cache holds after the last served message (the generation
+        prompt and the last reply), when known: a skill composed after the served messages
+        replaces it with the messages before the skill.
 
         Raises:
             TranscriptError: the agent's messages are not a valid transcript.
@@ -118,26 +133,30 @@ class TurnPlanner:
         new_log = kept + tuple(e for e in mapped if not isinstance(e, KeepServed))
         transient = [e for e in mapped if isinstance(e, KeepServed)]
         final = apply_to_messages(agent, [*new_log, *transient])
-        directives: tuple[EditDirective, ...] = ()
-        fallback = None
-        if self._revision is not None:
-            result = plan_directives(
-                self._served,
-                final.messages,
-                spans=self._spans,
-                render=self.render,
-                addressing=self.addressing,
-                forget=self._forget(agent, new_log, final.messages, final.source),
-            )
-            directives, fallback = result.directives, result.fallback
+        sent = tuple(wire_message(m) for m in final.messages)
+        if self._revision is None:  # nothing cached: no directives, nothing to compose into
+            return TurnPlan(sent, (), None, tuple(edits), agent=agent, log=new_log)
+        blocks = skill_blocks(final.messages, self.skills) if self.skills else None
+        result = plan_directives(
+            self._served,
+            sent,
+            spans=self._spans,
+            render=self.render,
+            addressing=self.addressing,
+            forget=self._forget(agent, new_log, sent, final.source),
+            skills=blocks,
+            tail=tail,
+        )
         return TurnPlan(
-            messages=final.messages,
-            directives=directives,
+            messages=sent,
+            directives=result.directives,
             base_revision=self._revision,
             edits=tuple(edits),
-            fallback=fallback,
+            fallback=result.fallback,
             agent=agent,
             log=new_log,
+            skill_notes=result.notes,
+            tail_replaced=result.tail_replaced,
         )
 
     def commit(self, plan: TurnPlan, response: LeylineResponse | None = None) -> None:

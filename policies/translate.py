@@ -12,12 +12,16 @@ between them; :func:`plan_directives` turns that into a batch:
   messages as the server renders them. That needs ``render`` (the server's tokenize of a
   message list); without it the plan falls back: send the messages, the server re-prefills;
 * messages after the last cached one -> no directive: the request's messages extend the
-  session (cached messages they replace are removed first).
+  session (cached messages they replace are removed first);
+* a new skill message (``skills``) whose registered block is exactly its tokens in the new
+  rendering -> a ``compose`` where the message goes instead of its tokens. Among the
+  appended messages that needs ``tail`` (the cached generation prompt and reply), which the
+  batch then replaces with the messages before the skill.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -34,6 +38,7 @@ from .directive_builder import (
 )
 from .edits import AppendErratum, DropMessages, PolicyEdit, ReplaceContent, apply_to_messages
 from .messages import Message
+from .skill_refs import SkillBlock
 
 __all__ = [
     "Addressing",
@@ -57,6 +62,10 @@ class DirectivePlan:
     fallback: str | None = None
     """Why the change cannot be sent as directives; then send ``messages`` without any and
     the server re-prefills from the first difference."""
+    notes: tuple[str, ...] = ()
+    """Why skill messages went as text rather than as composes."""
+    tail_replaced: bool = False
+    """The batch replaces the given ``tail``; nothing else may delete it."""
 
 
 def plan_directives(
@@ -68,6 +77,8 @@ def plan_directives(
     render: Render | None = None,
     addressing: Addressing = "auto",
     forget: Collection[int] = (),
+    skills: Mapping[int, SkillBlock] | None = None,
+    tail: TokenSpan | None = None,
 ) -> DirectivePlan:
     """Directives that turn the tokens of ``old`` into those of ``new`` (minus appended ones).
 
@@ -79,18 +90,28 @@ def plan_directives(
         render: the server's rendering, for inserted or wholly replaced messages.
         addressing: see :data:`Addressing`.
         forget: old messages whose removal must leave no influence (FORGET, not AMORTIZE).
+        skills: new message index -> the skill it was registered as (composed when its
+            block is the message's tokens in ``render``'s rendering of ``new``).
+        tail: the cached tokens after the last old message (generation prompt, reply),
+            when known; needed to compose a skill among the appended messages.
     """
     pairs = tuple(alignment) if alignment is not None else align_messages(old, new)
     check_alignment(pairs, len(old), len(new))
     if spans and len(spans) != len(old):
         spans = ()  # spans of another revision: do not address with them
     use_tokens = addressing == "token" or (addressing == "auto" and bool(spans))
-    builder = DirectiveBuilder(old, new, spans, render, use_tokens, frozenset(forget))
+    builder = DirectiveBuilder(old, new, spans, render, use_tokens, frozenset(forget), skills, tail)
     try:
         directives, appended = builder.build(pairs)
     except Unexpressible as exc:
         return DirectivePlan(tuple(new), fallback=str(exc))
-    return DirectivePlan(tuple(new), tuple(directives), appended)
+    return DirectivePlan(
+        tuple(new),
+        tuple(directives),
+        appended,
+        notes=tuple(builder.notes),
+        tail_replaced=builder.tail_replaced,
+    )
 
 
 def infer_directives(

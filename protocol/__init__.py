@@ -5,7 +5,15 @@ Depends on pydantic (and httpx for the client) only; nothing else of Leyline.
 
 from __future__ import annotations
 
-from .algebra import Edit, EditResult, PositionMap, Run, apply_edits, validate_edits
+from .algebra import (
+    Edit,
+    EditResult,
+    PositionMap,
+    Run,
+    apply_edits,
+    replacement_spans,
+    validate_edits,
+)
 from .capabilities import PROTOCOL_VERSION, Capabilities, Limits, is_compatible
 from .directives import (
     ComposeDirective,
@@ -15,23 +23,34 @@ from .directives import (
     ForgetDirective,
     Mode,
     PinDirective,
+    RecomputeDeviation,
+    RecomputeMode,
+    RecomputeNone,
     ScratchDirective,
     SpliceDirective,
     Verb,
     from_tuple,
     to_tuple,
 )
-from .envelope import LeylineRequest, LeylineResponse, Path, RequestOptions
+from .envelope import ComposedBlock, LeylineRequest, LeylineResponse, Path, RequestOptions
 from .errors import ErrorBody, ErrorCode, ErrorEnvelope, LeylineError
 from .fallback import FallbackReason
-from .resolve import ResolvedBatch, resolve_batch
-from .spans import MessageAnchor, MessageSpan, Replacement, TokenSpan
+from .resolve import ResolvedBatch, ResolvedCompose, resolve_batch
+from .spans import (
+    InsertionPoint,
+    MessageAnchor,
+    MessagePoint,
+    MessageSpan,
+    Replacement,
+    TokenSpan,
+)
 from .validation import parse_directives, parse_model
 
 __all__ = [
     "PROTOCOL_VERSION",
     "Capabilities",
     "ComposeDirective",
+    "ComposedBlock",
     "DecayDirective",
     "Directive",
     "Edit",
@@ -42,19 +61,25 @@ __all__ = [
     "ErrorEnvelope",
     "FallbackReason",
     "ForgetDirective",
+    "InsertionPoint",
     "LeylineError",
     "LeylineRequest",
     "LeylineResponse",
     "Limits",
     "MessageAnchor",
+    "MessagePoint",
     "MessageSpan",
     "Mode",
     "Path",
     "PinDirective",
     "PositionMap",
+    "RecomputeDeviation",
+    "RecomputeMode",
+    "RecomputeNone",
     "Replacement",
     "RequestOptions",
     "ResolvedBatch",
+    "ResolvedCompose",
     "Run",
     "ScratchDirective",
     "SpliceDirective",
@@ -65,6 +90,7 @@ __all__ = [
     "is_compatible",
     "parse_directives",
     "parse_model",
+    "replacement_spans",
     "resolve_batch",
     "to_tuple",
     "validate_edits",

@@ -22,6 +22,9 @@ from .resources import (
     Routes,
     SessionCreate,
     SessionInfo,
+    SkillCreate,
+    SkillInfo,
+    SkillList,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -64,6 +67,8 @@ class Call(Generic[T]):
 
 _CAPS = TypeAdapter(Capabilities)
 _INFO = TypeAdapter(SessionInfo)
+_SKILL = TypeAdapter(SkillInfo)
+_SKILLS = TypeAdapter(SkillList)
 _APPLIED = TypeAdapter(LeylineResponse)
 _TOKENS = TypeAdapter(TokenizeResponse)
 _TEXT = TypeAdapter(DetokenizeResponse)
@@ -77,6 +82,12 @@ def _session_path(template: str, session: str) -> str:
     return template.format(session=quote(session, safe=""))
 
 
+def _skill_path(skill: str) -> str:
+    if not skill:
+        raise LeylineError(ErrorCode.unknown_skill, "the skill id is empty", "skill")
+    return Routes.skill.format(skill=quote(skill, safe=""))
+
+
 def capabilities() -> Call[Capabilities]:
     return Call("GET", Routes.capabilities, _CAPS)
 
@@ -86,12 +97,14 @@ def create_session(
     messages: Sequence[Message] | None,
     text: str | None,
     tokens: Sequence[int] | None,
+    cache_salt: str | None = None,
 ) -> Call[SessionInfo]:
     body = SessionCreate(
         session=session,
         messages=list(messages) if messages is not None else None,
         text=text,
         tokens=list(tokens) if tokens is not None else None,
+        cache_salt=cache_salt,
     )
     return Call("POST", Routes.sessions, _INFO, body)
 
@@ -117,6 +130,40 @@ def apply(
         options=options or RequestOptions(),
     )
     return Call("POST", _session_path(Routes.directives, session), _APPLIED, body)
+
+
+def create_skill(
+    skill: str | None,
+    text: str | None,
+    messages: Sequence[Message] | None,
+    tokens: Sequence[int] | None,
+    model: str | None,
+    name: str | None,
+    description: str | None,
+) -> Call[SkillInfo]:
+    body = SkillCreate(
+        skill=skill,
+        model=model,
+        text=text,
+        messages=list(messages) if messages is not None else None,
+        tokens=list(tokens) if tokens is not None else None,
+        name=name,
+        description=description,
+    )
+    return Call("POST", Routes.skills, _SKILL, body)
+
+
+def get_skill(skill: str, include_tokens: bool) -> Call[SkillInfo]:
+    params = {"tokens": "true"} if include_tokens else {}
+    return Call("GET", _skill_path(skill), _SKILL, params=params)
+
+
+def list_skills() -> Call[SkillList]:
+    return Call("GET", Routes.skills, _SKILLS)
+
+
+def delete_skill(skill: str) -> Call[None]:
+    return Call("DELETE", _skill_path(skill), _NONE)
 
 
 def tokenize(

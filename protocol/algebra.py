@@ -156,6 +156,25 @@ def validate_edits(length: int, edits: Sequence[Edit]) -> list[Edit]:
     return ordered
 
 
+def replacement_spans(length: int, edits: Sequence[Edit]) -> list[tuple[int, int]]:
+    """Where each edit's replacement lands in the new sequence, ``[start, end)``, in the
+    order the edits are given (e.g. a composed block, to address it in the next batch).
+
+    Raises:
+        LeylineError: as :func:`validate_edits`.
+    """
+    validate_edits(length, edits)
+    order = sorted(range(len(edits)), key=lambda i: (edits[i].start, edits[i].end))
+    out: list[tuple[int, int]] = [(0, 0)] * len(edits)
+    shift = 0
+    for i in order:  # stable: batch order on ties, as apply_edits
+        edit = edits[i]
+        start = edit.start + shift
+        out[i] = (start, start + len(edit.replacement))
+        shift += len(edit.replacement) - (edit.end - edit.start)
+    return out
+
+
 def _trim_common_prefix(base: Sequence[int], edit: Edit) -> Edit:
     k = 0
     limit = min(edit.end - edit.start, len(edit.replacement))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .directives import Verb
+from .directives import RecomputeMode, Verb
 from .errors import ErrorCode, LeylineError
 
 PROTOCOL_VERSION = "1.0"
@@ -14,16 +14,35 @@ PROTOCOL_VERSION = "1.0"
 class Limits(BaseModel):
     """Server limits a client can plan around. ``None`` means no limit."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A response: a client ignores fields a newer minor version adds (docs/protocol.md, 9).
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     max_directives: int | None = Field(default=64, ge=1)
     max_replacement_tokens: int | None = Field(default=4096, ge=0)
     max_session_tokens: int | None = Field(default=None, ge=1)
     max_sessions: int | None = Field(default=None, ge=1)
+    tenant_max_sessions: int | None = Field(
+        default=None,
+        ge=1,
+        description="Sessions one tenant may hold; past it that tenant's own idle sessions "
+        "are evicted, least recently used first (never another tenant's).",
+    )
+    tenant_max_cache_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="KV bytes one tenant's sessions may hold together; past it that tenant's "
+        "own idle sessions are evicted, and a session that alone exceeds it is refused.",
+    )
+    max_skill_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tokens one skill may hold; a longer one is refused (limit_exceeded).",
+    )
 
 
 class Capabilities(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A response: a client ignores fields a newer minor version adds (docs/protocol.md, 9).
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     protocol_version: str = PROTOCOL_VERSION
     verbs: list[Verb] = Field(description="Verbs the server executes; others get unsupported_verb.")
@@ -32,6 +51,22 @@ class Capabilities(BaseModel):
     )
     models: list[str] = Field(default_factory=list)
     limits: Limits = Field(default_factory=Limits)
+    tenants: bool = Field(
+        default=False,
+        description="The server maps credentials to tenants and isolates sessions and "
+        "shared-cache reuse per tenant (false: every client is one tenant).",
+    )
+    cache_salt: bool = Field(
+        default=False,
+        description="Requests and sessions may carry a cache_salt that narrows the "
+        "shared-cache partition inside their tenant (false: the server cannot honour one, "
+        "and refuses a session's cache_salt).",
+    )
+    compose_recompute: list[RecomputeMode] = Field(
+        default_factory=lambda: [RecomputeMode.none],
+        description="Recompute modes compose executes (with compose in verbs); another mode "
+        "is refused with unsupported_option.",
+    )
 
 
 def parse_version(version: str) -> tuple[int, int]:

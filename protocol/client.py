@@ -17,7 +17,7 @@ from ._calls import Call, LeylineHTTPError
 from .capabilities import Capabilities
 from .directives import Directive
 from .envelope import LeylineResponse, RequestOptions
-from .resources import Message, SessionInfo, TokenizeResponse
+from .resources import Message, SessionInfo, SkillInfo, TokenizeResponse
 
 __all__ = ["AsyncLeylineClient", "LeylineClient", "LeylineHTTPError"]
 
@@ -56,8 +56,9 @@ class LeylineClient:
         messages: Sequence[Message] | None = None,
         text: str | None = None,
         tokens: Sequence[int] | None = None,
+        cache_salt: str | None = None,
     ) -> SessionInfo:
-        return self._run(_calls.create_session(session, messages, text, tokens))
+        return self._run(_calls.create_session(session, messages, text, tokens, cache_salt))
 
     def get_session(self, session: str, *, include_tokens: bool = False) -> SessionInfo:
         return self._run(_calls.get_session(session, include_tokens))
@@ -73,6 +74,30 @@ class LeylineClient:
         options: RequestOptions | None = None,
     ) -> LeylineResponse:
         return self._run(_calls.apply(session, base_revision, directives, options))
+
+    def create_skill(
+        self,
+        skill: str | None = None,
+        *,
+        text: str | None = None,
+        messages: Sequence[Message] | None = None,
+        tokens: Sequence[int] | None = None,
+        model: str | None = None,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> SkillInfo:
+        """Register a skill from exactly one of text, messages or token ids."""
+        call = _calls.create_skill(skill, text, messages, tokens, model, name, description)
+        return self._run(call)
+
+    def get_skill(self, skill: str, *, include_tokens: bool = False) -> SkillInfo:
+        return self._run(_calls.get_skill(skill, include_tokens))
+
+    def list_skills(self) -> list[SkillInfo]:
+        return self._run(_calls.list_skills()).skills
+
+    def delete_skill(self, skill: str) -> None:
+        self._run(_calls.delete_skill(skill))
 
     def tokenize(
         self,
@@ -133,8 +158,9 @@ class AsyncLeylineClient:
         messages: Sequence[Message] | None = None,
         text: str | None = None,
         tokens: Sequence[int] | None = None,
+        cache_salt: str | None = None,
     ) -> SessionInfo:
-        return await self._run(_calls.create_session(session, messages, text, tokens))
+        return await self._run(_calls.create_session(session, messages, text, tokens, cache_salt))
 
     async def get_session(self, session: str, *, include_tokens: bool = False) -> SessionInfo:
         return await self._run(_calls.get_session(session, include_tokens))
@@ -150,6 +176,30 @@ class AsyncLeylineClient:
         options: RequestOptions | None = None,
     ) -> LeylineResponse:
         return await self._run(_calls.apply(session, base_revision, directives, options))
+
+    async def create_skill(
+        self,
+        skill: str | None = None,
+        *,
+        text: str | None = None,
+        messages: Sequence[Message] | None = None,
+        tokens: Sequence[int] | None = None,
+        model: str | None = None,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> SkillInfo:
+        """Register a skill from exactly one of text, messages or token ids."""
+        call = _calls.create_skill(skill, text, messages, tokens, model, name, description)
+        return await self._run(call)
+
+    async def get_skill(self, skill: str, *, include_tokens: bool = False) -> SkillInfo:
+        return await self._run(_calls.get_skill(skill, include_tokens))
+
+    async def list_skills(self) -> list[SkillInfo]:
+        return (await self._run(_calls.list_skills())).skills
+
+    async def delete_skill(self, skill: str) -> None:
+        await self._run(_calls.delete_skill(skill))
 
     async def tokenize(
         self,

@@ -2,7 +2,7 @@
 
 Model-agnostic: it works in token ids, checks every result against the protocol's own edit
 algebra, and checks that every rejected batch leaves the session exactly as it was. It
-creates and deletes its own sessions (named ``conformance-*``).
+creates and deletes its own sessions and skills (named ``conformance-*``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from .algebra import Edit, apply_edits
 from .capabilities import PROTOCOL_VERSION, Capabilities, is_compatible
 from .client import LeylineClient
 from .directives import Mode, Verb
+from .envelope import ComposedBlock, LeylineResponse
 from .errors import ErrorCode, ErrorEnvelope, LeylineError
-from .resources import Routes, SessionInfo
+from .resources import Routes, SessionInfo, skill_content_hash
 
 _TEXT = (
     "The quick brown fox jumps over the lazy dog while the cat watches from the warm "
@@ -68,6 +69,7 @@ class ConformanceSuite:
             ("stale revision: 409, nothing changed", self.check_conflict),
             ("bad batches: typed errors, nothing changed", self.check_rejections),
             ("unsupported verbs are refused, never ignored", self.check_unsupported),
+            ("compose inserts a registered skill", self.check_compose),
             ("deleted sessions are gone", self.check_delete),
             ("schema is served", self.check_schema),
         ]
@@ -124,7 +126,7 @@ class ConformanceSuite:
 
     def _apply_and_compare(
         self, info: SessionInfo, edits: list[Edit], raw: list[Any], *, changes: bool = True
-    ) -> None:
+    ) -> LeylineResponse:
         assert info.tokens is not None
         expected = apply_edits(info.tokens, edits)
         reply = self._raw.post(
@@ -141,6 +143,7 @@ class ConformanceSuite:
         _expect(total == len(expected.tokens), f"reused + prefilled = {total}, not the length")
         if any(e.mode == Mode.forget for e in edits):
             _expect(body["path"] == "reprefill", f"forget answered path {body['path']}")
+        return LeylineResponse.model_validate(body)
 
     def _rejected(self, info: SessionInfo, body: dict[str, Any], code: ErrorCode) -> None:
         reply = self._raw.post(Routes.directives.format(session=info.session), json=body)
@@ -243,6 +246,47 @@ class ConformanceSuite:
                     "directives": [{"verb": verb.value, "span": {"start": 0, "end": 1}}],
                 }
                 self._rejected(info, body, ErrorCode.unsupported_verb)
+            if Verb.compose not in self.verbs:
+                compose = {"verb": "compose", "skill": "conformance-none", "at": 0}
+                body = {"base_revision": info.revision, "directives": [compose]}
+                self._rejected(info, body, ErrorCode.unsupported_verb)
+
+    def check_compose(self) -> None:
+        """Only where compose is advertised (check_unsupported covers its refusal)."""
+        if Verb.compose not in self.verbs:
+            return
+        skill = f"conformance-{uuid.uuid4().hex[:10]}"
+        with self._session() as info:
+            assert info.tokens is not None
+            block = info.tokens[2:7]  # ids this server's tokenizer produced
+            made = self.client.create_skill(skill, tokens=block)
+            try:
+                _expect(made.skill == skill and made.num_tokens == len(block), f"got {made}")
+                _expect(
+                    made.content_hash == skill_content_hash(made.model, block),
+                    "content_hash is not skill_content_hash(model, tokens)",
+                )
+                got = self.client.get_skill(skill, include_tokens=True)
+                _expect(got.tokens == block, "the skill's tokens differ from those sent")
+                listed = [s.skill for s in self.client.list_skills()]
+                _expect(skill in listed, "the skill is not listed")
+                raw = [{"verb": "compose", "skill": skill, "at": 4, "seam_tokens": 2}]
+                reply = self._apply_and_compare(info, [Edit(4, 4, tuple(block))], raw)
+                placed = ComposedBlock(directive=0, skill=skill, start=4, end=4 + len(block))
+                _expect(reply.composed == [placed], f"composed is {reply.composed}")
+                now = self.client.get_session(info.session, include_tokens=True)
+                unknown = {"verb": "compose", "skill": f"{skill}-missing", "at": 0}
+                body = {"base_revision": now.revision, "directives": [unknown]}
+                self._rejected(now, body, ErrorCode.unknown_skill)
+            finally:
+                with suppress(LeylineError):
+                    self.client.delete_skill(skill)
+        try:
+            self.client.get_skill(skill)
+        except LeylineError as exc:
+            _expect(exc.code is ErrorCode.unknown_skill, f"got {exc.code}")
+            return
+        raise _Failed("a deleted skill is still there")
 
     def check_delete(self) -> None:
         name = f"conformance-{uuid.uuid4().hex[:10]}"

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from .spans import MessageAnchor, Replacement, Span, TokenSpan
+from .spans import InsertionPoint, MessageAnchor, Replacement, Span, TokenSpan
 
 
 class Verb(StrEnum):
@@ -80,18 +80,70 @@ class ErratumDirective(_Directive):
         return cls(text=note, corrects=corrects)
 
 
-class ComposeDirective(_Directive):
-    """Insert a precompiled KV block (a "skill") at token position ``at``.
+class RecomputeMode(StrEnum):
+    """How much of a composed block past its seam is recomputed in context."""
 
-    Its keys are re-rotated to their new positions and the first ``seam_tokens`` of the
-    block are recomputed against the preceding context; downstream tokens shift as in a
-    splice.
+    none = "none"
+    deviation = "deviation"
+
+
+class RecomputeNone(_Directive):
+    """Recompute only the seam: every other block token keeps its precompiled, rotated KV."""
+
+    mode: Literal["none"]
+
+
+class RecomputeDeviation(_Directive):
+    """Also recompute the block tokens whose KV deviates most in context (after CacheBlend)."""
+
+    mode: Literal["deviation"]
+    ratio: float = Field(
+        default=0.15,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="Fraction of the block's tokens past the seam to recompute (rounded up), "
+        "chosen as those whose KV deviates most from their in-context KV at an early layer.",
+    )
+
+
+Recompute = Annotated[RecomputeNone | RecomputeDeviation, Field(discriminator="mode")]
+"""Selective recompute past a composed block's seam: ``{"mode": "none"}`` (default) or
+``{"mode": "deviation", "ratio": 0.15}``. A server that does not execute the mode refuses
+the batch with ``unsupported_option``; it never falls back to another mode silently."""
+
+
+MAX_SEAM_TOKENS = 256
+"""The largest ``seam_tokens`` a compose may ask for."""
+
+
+class ComposeDirective(_Directive):
+    """Insert a precompiled KV block (a registered "skill") at insertion point ``at``.
+
+    The block's KV was computed once from position 0; its keys are rotated to their new
+    positions, its first ``seam_tokens`` tokens are recomputed against the preceding context
+    (and more per ``recompute``), and downstream tokens shift as in a splice (AMORTIZE).
     """
 
     verb: Literal["compose"] = "compose"
-    skill: str = Field(min_length=1, description="Id of a skill block registered on the server.")
-    at: int = Field(ge=0)
-    seam_tokens: int = Field(default=4, ge=0)
+    skill: str = Field(
+        min_length=1, max_length=128, description="Id of a skill registered by this tenant."
+    )
+    at: InsertionPoint = Field(
+        description="Insertion point in the base revision: a token position, "
+        '{"message": i, "part": ..., "edge": "start"|"end"}, or "end".'
+    )
+    seam_tokens: int = Field(
+        default=4,
+        ge=0,
+        le=MAX_SEAM_TOKENS,
+        description="Leading block tokens recomputed against the preceding context (the "
+        "seam); more than the block has recomputes all of it.",
+    )
+    recompute: Recompute = Field(
+        default_factory=lambda: RecomputeNone(mode="none"),
+        description="Selective recompute past the seam; default none.",
+    )
 
 
 class PinDirective(_Directive):

@@ -53,10 +53,23 @@ class Path(StrEnum):
     """The request extended the cached sequence; nothing cached was recomputed."""
 
 
+class ComposedBlock(BaseModel):
+    """Where a ``compose`` of the batch put its skill's tokens in the new revision."""
+
+    # A response: a client ignores fields a newer minor version adds (docs/protocol.md, 9).
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    directive: int = Field(ge=0, description="Index of the compose in its batch.")
+    skill: str
+    start: int = Field(ge=0, description="First token of the block (inclusive).")
+    end: int = Field(ge=0, description="One past its last token; address it as a token span.")
+
+
 class LeylineResponse(BaseModel):
     """Every response carries one: what the server did and where each message now lies."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A response: a client ignores fields a newer minor version adds (docs/protocol.md, 9).
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     session: str | None = None
     revision: int = Field(ge=0)
@@ -66,3 +79,7 @@ class LeylineResponse(BaseModel):
     rotated_tokens: int = Field(ge=0)
     fallback_reason: FallbackReason | None = None
     spans: list[MessageSpan] = Field(default_factory=list)
+    composed: list[ComposedBlock] = Field(
+        default_factory=list,
+        description="The blocks this request's compose directives inserted, in batch order.",
+    )

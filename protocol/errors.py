@@ -32,7 +32,12 @@ class ErrorCode(StrEnum):
     unknown_session = "unknown_session"
     unsupported_verb = "unsupported_verb"
     """The server knows the verb but does not execute it; it never ignores one silently."""
+    unsupported_option = "unsupported_option"
+    """The server executes the verb but not this option of it (e.g. a compose recompute mode)."""
     unknown_skill = "unknown_skill"
+    """No skill with that id is registered for the caller's tenant."""
+    skill_mismatch = "skill_mismatch"
+    """The skill is bound to another model, tokenizer or chat template than the session's."""
     session_too_long = "session_too_long"
     limit_exceeded = "limit_exceeded"
     """A server limit other than the ones above (body size, sessions, cache memory)."""
@@ -61,7 +66,9 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.revision_conflict: 409,
     ErrorCode.unknown_session: 404,
     ErrorCode.unsupported_verb: 501,
+    ErrorCode.unsupported_option: 501,
     ErrorCode.unknown_skill: 404,
+    ErrorCode.skill_mismatch: 409,
     ErrorCode.session_too_long: 413,
     ErrorCode.limit_exceeded: 413,
     ErrorCode.incompatible_version: 400,
@@ -76,7 +83,8 @@ HTTP_STATUS: dict[ErrorCode, int] = {
 class ErrorBody(BaseModel):
     """The wire form of an error: ``{"error": {"type": "leyline_error", "code": ...}}``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A response: a client ignores fields a newer minor version adds (docs/protocol.md, 9).
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     type: Literal["leyline_error"] = "leyline_error"
     code: ErrorCode
@@ -85,7 +93,8 @@ class ErrorBody(BaseModel):
 
 
 class ErrorEnvelope(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A response: a client ignores fields a newer minor version adds (docs/protocol.md, 9).
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     error: ErrorBody
 

@@ -17,21 +17,66 @@ from .directives import (
     ErratumDirective,
     ForgetDirective,
     Mode,
+    Recompute,
+    RecomputeMode,
     SpliceDirective,
     Verb,
 )
 from .errors import ErrorCode, LeylineError
-from .spans import MessageAnchor, MessageSpan, Replacement, Span, TokenSpan
+from .spans import InsertionPoint, MessageAnchor, MessageSpan, Replacement, Span, TokenSpan
 
 Tokenize = Callable[[str], Sequence[int]]
+SkillTokens = Callable[[str], Sequence[int] | None]
+"""Skill id -> its token ids, or None when the caller's tenant has no such skill. It may raise
+``LeylineError(skill_mismatch)`` for a skill bound to another model, tokenizer or template."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedCompose:
+    """A compose, resolved: what the engine needs beyond its (inserting) :class:`Edit`."""
+
+    index: int
+    """Position of the directive in its batch (its edit carries the same ``index``)."""
+    skill: str
+    at: int
+    """Insertion point in the base revision."""
+    num_tokens: int
+    seam_tokens: int
+    """Leading block tokens to recompute in context, at most ``num_tokens``."""
+    recompute: Recompute
 
 
 @dataclass(frozen=True, slots=True)
 class ResolvedBatch:
-    """Edits for the algebra, plus the non-editing directives (pin, decay, scratch) as spans."""
+    """Edits for the algebra, plus the non-editing directives (pin, decay, scratch) as spans.
+
+    A compose is an inserting AMORTIZE edit whose replacement is the skill's tokens; its
+    entry in ``composes`` says it is one (its KV comes precompiled, not from a prefill).
+    """
 
     edits: tuple[Edit, ...]
     marks: tuple[tuple[Verb, TokenSpan], ...] = field(default=())
+    composes: tuple[ResolvedCompose, ...] = field(default=())
+
+
+def resolve_point(
+    point: InsertionPoint, spans: Sequence[MessageSpan], length: int, where: str
+) -> int:
+    """A token position, a message edge, or ``"end"`` as a position in ``[0, length]``."""
+    if point == "end":
+        return length
+    if isinstance(point, int):
+        if point > length:
+            raise LeylineError(
+                ErrorCode.invalid_span,
+                f"insertion point {point} is past the base revision's {length} tokens; "
+                f'use a position in [0, {length}] or "end"',
+                where,
+            )
+        return point
+    assert not isinstance(point, str)
+    span = resolve_span(point.anchor(), spans, length, where)
+    return span.start if point.edge == "start" else span.end
 
 
 def resolve_span(span: Span, spans: Sequence[MessageSpan], length: int, where: str) -> TokenSpan:
@@ -71,7 +116,8 @@ def resolve_batch(
     spans: Sequence[MessageSpan] = (),
     limits: Limits | None = None,
     supported: Collection[Verb] = (Verb.splice, Verb.forget, Verb.erratum),
-    skill_tokens: Callable[[str], Sequence[int] | None] | None = None,
+    skill_tokens: SkillTokens | None = None,
+    recompute_modes: Collection[RecomputeMode] = (RecomputeMode.none,),
 ) -> ResolvedBatch:
     """Resolve every directive, or raise on the first that breaks a rule.
 
@@ -83,6 +129,8 @@ def resolve_batch(
         limits: the server's limits; ``None`` checks none.
         supported: verbs the server executes; any other gets ``unsupported_verb``.
         skill_tokens: skill id -> its token ids, or None when unknown (compose only).
+        recompute_modes: compose recompute modes the server executes; any other gets
+            ``unsupported_option``.
 
     Raises:
         LeylineError: naming the directive (``directives[i]...``) and the rule.
@@ -103,9 +151,19 @@ def resolve_batch(
                 f"{', '.join(sorted(supported))})",
                 f"directives[{i}].verb",
             )
+        if isinstance(directive, ComposeDirective):
+            recompute = RecomputeMode(directive.recompute.mode)
+            if recompute not in recompute_modes:
+                raise LeylineError(
+                    ErrorCode.unsupported_option,
+                    f"this server does not execute compose recompute mode '{recompute}' (it "
+                    f"executes {', '.join(sorted(recompute_modes))})",
+                    f"directives[{i}].recompute.mode",
+                )
 
     edits: list[Edit] = []
     marks: list[tuple[Verb, TokenSpan]] = []
+    composes: list[ResolvedCompose] = []
     for i, directive in enumerate(directives):
         where = f"directives[{i}]"
         if isinstance(directive, SpliceDirective | ForgetDirective):
@@ -119,12 +177,14 @@ def resolve_batch(
             note = _tokens(directive.text, tokenize, limits, f"{where}.text")
             edits.append(Edit(length, length, note, Mode.amortize, i))
         elif isinstance(directive, ComposeDirective):
-            edits.append(_compose(directive, length, skill_tokens, where, i))
+            edit, compose = _compose(directive, length, spans, skill_tokens, where, i)
+            edits.append(edit)
+            composes.append(compose)
         else:
             marks.append(
                 (Verb(directive.verb), resolve_span(directive.span, spans, length, f"{where}.span"))
             )
-    return ResolvedBatch(tuple(edits), tuple(marks))
+    return ResolvedBatch(tuple(edits), tuple(marks), tuple(composes))
 
 
 def _tokens(value: Replacement, tokenize: Tokenize, limits: Limits, where: str) -> tuple[int, ...]:
@@ -142,19 +202,31 @@ def _tokens(value: Replacement, tokenize: Tokenize, limits: Limits, where: str) 
 def _compose(
     directive: ComposeDirective,
     length: int,
-    skill_tokens: Callable[[str], Sequence[int] | None] | None,
+    spans: Sequence[MessageSpan],
+    skill_tokens: SkillTokens | None,
     where: str,
     index: int,
-) -> Edit:
-    if directive.at > length:
-        raise LeylineError(
-            ErrorCode.invalid_span,
-            f"compose position {directive.at} is past the base revision's {length} tokens",
-            f"{where}.at",
-        )
+) -> tuple[Edit, ResolvedCompose]:
+    at = resolve_point(directive.at, spans, length, f"{where}.at")
     tokens = skill_tokens(directive.skill) if skill_tokens else None
     if tokens is None:
         raise LeylineError(
-            ErrorCode.unknown_skill, f"no skill named {directive.skill!r}", f"{where}.skill"
+            ErrorCode.unknown_skill,
+            f"no skill {directive.skill!r} is registered for this tenant "
+            "(register it with POST /leyline/v1/skills)",
+            f"{where}.skill",
         )
-    return Edit(directive.at, directive.at, tuple(tokens), Mode.amortize, index)
+    if not tokens:
+        raise LeylineError(
+            ErrorCode.internal_error, f"skill {directive.skill!r} has no tokens", f"{where}.skill"
+        )
+    block = tuple(tokens)
+    compose = ResolvedCompose(
+        index=index,
+        skill=directive.skill,
+        at=at,
+        num_tokens=len(block),
+        seam_tokens=min(directive.seam_tokens, len(block)),
+        recompute=directive.recompute,
+    )
+    return Edit(at, at, block, Mode.amortize, index), compose

@@ -1,8 +1,12 @@
-"""Bodies of the ``/leyline/v1/...`` resources (sessions, directives, tokenize, schema)."""
+"""Bodies of the ``/leyline/v1/...`` resources (sessions, directives, skills, tokenize, schema)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+import hashlib
+from collections.abc import Sequence
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, model_validator
 
 from .directives import Directive
 from .envelope import RequestOptions
@@ -10,17 +14,22 @@ from .spans import MessageSpan, TokenId
 
 API_PREFIX = "/leyline/v1"
 
+CacheSalt = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+"""A ``cache_salt``: narrows the caller's shared-cache partition (docs/protocol.md)."""
+
 Message = dict[str, JsonValue]
 """An OpenAI-format chat message (role, content, tool_calls, tool_call_id, name)."""
 
 
 class Routes:
-    """Paths of the Leyline resources; ``{session}`` is the session id."""
+    """Paths of the Leyline resources; ``{session}`` and ``{skill}`` are ids (URL-quoted)."""
 
     capabilities = f"{API_PREFIX}/capabilities"
     sessions = f"{API_PREFIX}/sessions"
     session = f"{API_PREFIX}/sessions/{{session}}"
     directives = f"{API_PREFIX}/sessions/{{session}}/directives"
+    skills = f"{API_PREFIX}/skills"
+    skill = f"{API_PREFIX}/skills/{{skill}}"
     tokenize = f"{API_PREFIX}/tokenize"
     detokenize = f"{API_PREFIX}/detokenize"
     schema = f"{API_PREFIX}/schema"
@@ -28,6 +37,11 @@ class Routes:
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Reply(BaseModel):
+    # A response: a client ignores fields a newer minor version adds (docs/protocol.md, 9).
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 class SessionCreate(_Body):
@@ -43,6 +57,13 @@ class SessionCreate(_Body):
         "request renders its prompt (then a chat with the same messages reuses every token). "
         "Default false: the messages alone, ready to be extended with more messages.",
     )
+    cache_salt: CacheSalt | None = Field(
+        default=None,
+        description="Partitions the shared prefix cache further inside the caller's tenant "
+        "(as a chat request's cache_salt): the session shares cached KV only with requests "
+        "and sessions of its tenant with the same salt, for its lifetime. A server whose "
+        "capabilities say cache_salt: false refuses it (422).",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> SessionCreate:
@@ -54,12 +75,82 @@ class SessionCreate(_Body):
         return self
 
 
-class SessionInfo(_Body):
+class SessionInfo(_Reply):
     session: str
     revision: int = Field(ge=0)
     num_tokens: int = Field(ge=0)
     tokens: list[TokenId] | None = Field(default=None, description="With ?tokens=true.")
     spans: list[MessageSpan] = Field(default_factory=list)
+
+
+class SkillCreate(_Body):
+    """Register a skill: a block of tokens whose KV the server computes once, for compose.
+
+    Exactly one of ``text`` (tokenized without special tokens), ``messages`` (rendered with
+    the server's chat template, no generation prompt, as ``POST /tokenize`` renders them) or
+    ``tokens`` (used as given).
+    """
+
+    skill: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="The id to register it under; none: the server picks one.",
+    )
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The model to bind it to, one of the capabilities' models; none: the "
+        "server's default model.",
+    )
+    text: str | None = Field(default=None, min_length=1)
+    messages: list[Message] | None = Field(default=None, min_length=1)
+    tokens: list[TokenId] | None = Field(default=None, min_length=1)
+    name: str | None = Field(
+        default=None, min_length=1, max_length=256, description="A label for people."
+    )
+    description: str | None = Field(
+        default=None, max_length=4096, description="What the skill is for, for people."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> SkillCreate:
+        given = [n for n in ("text", "messages", "tokens") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of text, messages, tokens (got {given or 'none'})")
+        return self
+
+
+class SkillInfo(_Reply):
+    """A registered skill. It carries no revision: registering its id again with other
+    content replaces it, and changes no session that composed it."""
+
+    skill: str
+    model: str = Field(description="The model whose KV the block holds.")
+    num_tokens: int = Field(ge=1)
+    content_hash: str = Field(
+        description="sha256 hex over the model id, a zero byte and the token ids (8 bytes "
+        "each, little-endian): leyline.protocol.resources.skill_content_hash."
+    )
+    name: str | None = None
+    description: str | None = None
+    tokens: list[TokenId] | None = Field(default=None, description="With ?tokens=true.")
+
+
+class SkillList(_Reply):
+    """The caller's tenant's skills (without their tokens)."""
+
+    skills: list[SkillInfo] = Field(default_factory=list)
+
+
+def skill_content_hash(model: str, tokens: Sequence[int]) -> str:
+    """A skill's ``content_hash``: sha256, hex, over the model id (UTF-8), one zero byte, and
+    each token id as 8 bytes, little-endian, signed. Same model and tokens, same hash."""
+    digest = hashlib.sha256(model.encode("utf-8"))
+    digest.update(b"\0")  # the model id cannot run into the token bytes
+    for token in tokens:
+        digest.update(int(token).to_bytes(8, "little", signed=True))
+    return digest.hexdigest()
 
 
 class ApplyDirectives(_Body):
@@ -87,7 +178,7 @@ class TokenizeRequest(_Body):
         return self
 
 
-class TokenizeResponse(_Body):
+class TokenizeResponse(_Reply):
     tokens: list[TokenId]
     spans: list[MessageSpan] = Field(default_factory=list)
 
@@ -96,5 +187,5 @@ class DetokenizeRequest(_Body):
     tokens: list[TokenId]
 
 
-class DetokenizeResponse(_Body):
+class DetokenizeResponse(_Reply):
     text: str

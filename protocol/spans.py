@@ -64,10 +64,52 @@ Span = Annotated[
 """``{"start": s, "end": e}`` or ``{"message": i, "part": "content"}``."""
 
 
+class MessagePoint(BaseModel):
+    """An insertion point at an edge of a message of the base revision.
+
+    ``{"message": i}`` is the start of message ``i`` (before its role header): a block
+    inserted there comes before the message's own tokens. ``edge="end"`` is just after the
+    part's last token; ``part`` picks which span of the message the edge belongs to, as in
+    :class:`MessageAnchor` (``{"message": i, "part": "content"}`` is the first content token).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    message: int = Field(ge=0, description="Index into the revision's message list.")
+    part: MessagePart = Field(default="all", description="Which span of the message.")
+    edge: Literal["start", "end"] = Field(
+        default="start", description="Its first token (start) or just past its last (end)."
+    )
+
+    def anchor(self) -> MessageAnchor:
+        """The span whose edge this point is."""
+        return MessageAnchor(message=self.message, part=self.part)
+
+
+def _point_kind(value: Any) -> str:
+    if isinstance(value, dict | MessagePoint):
+        return "message_point"
+    if isinstance(value, str):
+        return "end_of_sequence"
+    return "token_position"  # ints, and anything else the int validator then rejects
+
+
+InsertionPoint = Annotated[
+    Annotated[int, Field(ge=0), Tag("token_position")]
+    | Annotated[MessagePoint, Tag("message_point")]
+    | Annotated[Literal["end"], Tag("end_of_sequence")],
+    Discriminator(_point_kind),
+]
+"""Where an insertion goes in the base revision: token position ``p`` (before token ``p``;
+``p == length`` appends), a :class:`MessagePoint` ``{"message": i}``, or ``"end"`` (after
+its last token)."""
+
+
 class MessageSpan(BaseModel):
     """Where message ``message`` of a revision lies in its tokens, as the server rendered it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A response: a client ignores fields a newer minor version adds (docs/protocol.md, 9).
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     message: int = Field(ge=0)
     role: str

@@ -44,8 +44,15 @@ def error_from_details(errors: Sequence[Mapping[str, Any]], prefix: str = "") ->
     if first["type"] == "too_short" and loc and loc[-1] == "directives":
         code = ErrorCode.empty_batch
         message = "the batch is empty; send at least one directive"
-    elif first["type"] == "union_tag_invalid":
+    elif first["type"] == "union_tag_invalid" and first.get("ctx", {}).get("discriminator") in (
+        None,
+        "'verb'",
+    ):
         message = f"unknown verb; expected one of {_VERBS}"
+    elif first["type"] == "union_tag_invalid":  # another tagged union, e.g. recompute's mode
+        ctx = first["ctx"]
+        name = str(ctx["discriminator"]).strip("'")
+        message = f"unknown {name} {ctx['tag']!r}; expected one of {ctx['expected_tags']}"
     elif first["type"] == "extra_forbidden":
         message = "unexpected field; remove it (extra fields are forbidden)"
     count = len(errors)
@@ -55,7 +62,16 @@ def error_from_details(errors: Sequence[Mapping[str, Any]], prefix: str = "") ->
 
 
 _VERBS = "splice, forget, erratum, compose, pin, decay, scratch"
-_UNION_TAGS = frozenset(_VERBS.split(", ")) | {"token_span", "message_anchor", "str"}
+_UNION_TAGS = frozenset(_VERBS.split(", ")) | {
+    "token_span",
+    "message_anchor",
+    "str",
+    "token_position",  # compose's insertion point
+    "message_point",
+    "end_of_sequence",
+    "none",  # compose's recompute modes
+    "deviation",
+}
 _SPAN_FIELDS = frozenset({"span", "corrects", "at"})
 _RANGE_ERRORS = frozenset({"value_error", "greater_than_equal"})
 

@@ -52,7 +52,7 @@ def run_edits(
     if blocker is not None:
         if not allow_fallback:
             raise blocker
-        return _reprefill(engine, state, result, blocker.reason)
+        return reprefill_from_change(engine, state, result, blocker.reason)
     outcome = execute_edit(
         engine.forward_into,
         engine.layout,
@@ -76,10 +76,11 @@ def run_edits(
     return new, report
 
 
-def _reprefill(
+def reprefill_from_change(
     engine: Engine, state: SessionState, result: EditResult, reason: FallbackReason
 ) -> tuple[SessionState, OpReport]:
-    """Keep the unchanged prefix, prefill everything from the first change."""
+    """Keep the unchanged prefix, prefill everything from the first change (the fallback
+    of a splice or a compose that cannot rotate exactly)."""
     fc, n = result.first_change, len(result.tokens)
     kv, logits = slice_kv(state.kv, 0, fc), None
     if fc < n:

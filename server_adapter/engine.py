@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel
 
 from leyline.protocol.capabilities import Limits
 from leyline.protocol.errors import ErrorCode, LeylineError
@@ -40,7 +41,8 @@ class Engine:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         self.loaded = loaded
-        self.model = loaded.model.eval()
+        # transformers' PreTrainedModel.eval() is unannotated (it returns the model itself).
+        self.model: PreTrainedModel = loaded.model.eval()  # type: ignore[no-untyped-call]
         self.tokenizer = loaded.tokenizer
         self.prefix_cache = prefix_cache
         self.prefill_chunk = prefill_chunk

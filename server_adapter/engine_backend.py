@@ -10,19 +10,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from typing import TypeVar
 
 from leyline.protocol import PROTOCOL_VERSION, Capabilities, ErrorCode, LeylineError, Limits
-from leyline.protocol.resources import Message
+from leyline.protocol.directives import RecomputeMode, Verb
+from leyline.protocol.resolve import SkillTokens
+from leyline.protocol.resources import Message, SkillInfo
 from leyline.protocol.spans import MessageSpan
 
 from .chat.render import ChatRenderer
-from .core.backend import Rendered
+from .core.backend import Rendered, SkillLabel
 from .core.batch import EditPlan, SessionView
 from .core.report import OpReport
+from .core.sessions import DEFAULT_TENANT
 from .engine import Engine
 from .http.openai_types import parse_chat
 from .session import EXECUTED_VERBS, SessionCache
+from .skills import Skill, SkillStore
 
 T = TypeVar("T")
 
@@ -30,10 +35,21 @@ T = TypeVar("T")
 class EngineBackend:
     """``Backend[SessionCache]`` over one reference :class:`Engine`."""
 
-    def __init__(self, engine: Engine, *, limits: Limits, model_name: str) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        limits: Limits,
+        model_name: str,
+        tenants: bool = False,
+        skill_cache_bytes: int = 1 << 30,
+    ) -> None:
         self.engine = engine
+        self.skills = SkillStore(skill_cache_bytes)
+        self._labels: dict[tuple[str, str], SkillLabel] = {}
         self.model_name = model_name
         self._limits = limits
+        self._tenants = tenants  # whether the server in front maps credentials to tenants
         self.renderer = ChatRenderer(engine.tokenizer) if engine.tokenizer is not None else None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leyline-model")
 
@@ -60,10 +76,13 @@ class EngineBackend:
         layouts = [] if self.engine.layout is None else [self.engine.layout.kind]
         return Capabilities(
             protocol_version=PROTOCOL_VERSION,
-            verbs=list(EXECUTED_VERBS),
+            verbs=[*EXECUTED_VERBS, Verb.compose],
             architectures=layouts,
             models=[self.model_name],
             limits=self._limits,
+            tenants=self._tenants,
+            cache_salt=True,  # the prefix cache is partitioned by salt (``open``)
+            compose_recompute=[RecomputeMode.none],
         )
 
     def encode(self, text: str) -> tuple[int, ...]:
@@ -117,4 +136,53 @@ class EngineBackend:
     async def execute(
         self, handle: SessionCache, plan: EditPlan, *, allow_fallback: bool
     ) -> OpReport:
-        return await self.run(lambda: handle.execute(plan, allow_fallback=allow_fallback))
+        if not plan.composes:
+            return await self.run(lambda: handle.execute(plan, allow_fallback=allow_fallback))
+        tenant = plan.tenant or DEFAULT_TENANT
+
+        def work() -> OpReport:
+            # Held for the compose: a skill in use is never evicted, replaced or deleted.
+            with ExitStack() as held:
+                skills = {
+                    c.index: held.enter_context(self.skills.using(tenant, c.skill))
+                    for c in plan.composes
+                }
+                return handle.execute(plan, allow_fallback=allow_fallback, skills=skills)
+
+        return await self.run(work)
+
+    # -- skills ---------------------------------------------------------------------------
+
+    def skill_tokens(self, tenant: str) -> SkillTokens | None:
+        return self.skills.skill_tokens(tenant)
+
+    async def register_skill(
+        self, tenant: str, skill_id: str, tokens: Sequence[int], label: SkillLabel
+    ) -> SkillInfo:
+        skill = await self.run(
+            lambda: self.skills.register(self.engine, tokens, skill_id=skill_id, tenant=tenant)
+        )
+        self._labels[(tenant, skill_id)] = label
+        return self._info(skill, include_tokens=False)
+
+    def skill_info(self, tenant: str, skill_id: str, include_tokens: bool) -> SkillInfo:
+        return self._info(self.skills.get(tenant, skill_id), include_tokens)
+
+    def list_skills(self, tenant: str) -> list[SkillInfo]:
+        return [self._info(s, include_tokens=False) for s in self.skills.of_tenant(tenant)]
+
+    def delete_skill(self, tenant: str, skill_id: str) -> None:
+        self.skills.remove(tenant, skill_id)
+        self._labels.pop((tenant, skill_id), None)
+
+    def _info(self, skill: Skill, include_tokens: bool) -> SkillInfo:
+        label = self._labels.get((skill.tenant, skill.id), SkillLabel())
+        return SkillInfo(
+            skill=skill.id,
+            model=skill.model,
+            num_tokens=len(skill.tokens),
+            content_hash=skill.content_hash,
+            name=label.name,
+            description=label.description,
+            tokens=list(skill.tokens) if include_tokens else None,
+        )

@@ -27,11 +27,11 @@ KVBuffers = list[list[torch.Tensor]]
 """Per layer, per slot: a tensor ``[..., capacity, dim]``; filled up to some length."""
 
 
-class BufferedLayer(DynamicLayer):
+class BufferedLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # unannotated __init_subclass__
     """A cache layer whose ``update`` writes into a fixed-capacity buffer, in place."""
 
     def __init__(self, slots: list[torch.Tensor] | None, length: int, capacity: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # transformers' is unannotated
         self.slots, self.length, self.capacity = slots, length, capacity
         if slots is not None:
             self.is_initialized = True
@@ -147,4 +147,9 @@ def prefill_at(model: PreTrainedModel, tokens: Sequence[int], start: int) -> KVC
     ids = torch.tensor([list(tokens)], dtype=torch.long, device=model.device)
     pos = torch.arange(start, start + len(tokens), device=model.device).unsqueeze(0)
     model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
-    return tuple((layer.keys, layer.values) for layer in cache.layers)
+    kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for layer in cache.layers:  # DynamicCache() fills DynamicLayers, all updated by the forward
+        assert isinstance(layer, DynamicLayer)
+        assert layer.keys is not None and layer.values is not None
+        kv.append((layer.keys, layer.values))
+    return tuple(kv)

@@ -84,7 +84,8 @@ def rope_spec(model: PreTrainedModel) -> RopeSpec:
             unknown rope types, or a model whose buffer disagrees with transformers' init.
     """
     module = find_rotary_embedding(model)
-    rope_type: str = module.rope_type
+    # nn.Module.__getattr__ is typed Tensor | Module; find_rotary_embedding checked a str.
+    rope_type: str = module.rope_type  # type: ignore[assignment]
     if rope_type not in SHIFTABLE_ROPE_TYPES and rope_type != "longrope":
         raise SpliceUnsupportedError(
             FallbackReason.unsupported_rope,
@@ -100,7 +101,9 @@ def rope_spec(model: PreTrainedModel) -> RopeSpec:
         )
     inv_freq, scaling = init(model.config)
     inv_freq = inv_freq.detach().to(device="cpu", dtype=torch.float32)
-    used = getattr(module, "original_inv_freq", module.inv_freq).detach().float().cpu()
+    buffer = getattr(module, "original_inv_freq", module.inv_freq)
+    assert isinstance(buffer, torch.Tensor)
+    used = buffer.detach().float().cpu()
     if used.shape != inv_freq.shape or not torch.equal(used, inv_freq):
         raise SpliceUnsupportedError(
             FallbackReason.unsupported_rope,
@@ -148,17 +151,17 @@ def _rotate_pairs(
         turn = torch.complex(cos, sin)
         as_complex = torch.view_as_complex
         torch.mul(
-            as_complex(src.unflatten(-1, (half, 2))),
+            as_complex(torch.unflatten(src, -1, (half, 2))),
             turn,
-            out=as_complex(dst.unflatten(-1, (half, 2))),
+            out=as_complex(torch.unflatten(dst, -1, (half, 2))),
         )
         return
     if pairing == "half":  # pair (i, i + d/2): view as [..., 2, d/2]
-        s, d = src.unflatten(-1, (2, half)), dst.unflatten(-1, (2, half))
+        s, d = torch.unflatten(src, -1, (2, half)), torch.unflatten(dst, -1, (2, half))
         x1, x2, y1, y2 = s[..., 0, :], s[..., 1, :], d[..., 0, :], d[..., 1, :]
         torch.mul(s, cos, out=d)
     elif pairing == "interleaved":  # pair (2i, 2i + 1): view as [..., d/2, 2]
-        s, d = src.unflatten(-1, (half, 2)), dst.unflatten(-1, (half, 2))
+        s, d = torch.unflatten(src, -1, (half, 2)), torch.unflatten(dst, -1, (half, 2))
         x1, x2, y1, y2 = s[..., 0], s[..., 1], d[..., 0], d[..., 1]
         torch.mul(s, cos.unsqueeze(-1), out=d)
     else:

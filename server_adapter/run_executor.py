@@ -10,6 +10,10 @@ run, left to right:
 
 Every byte of the new KV is written once. Positions are never derived here: the runs say
 where everything goes. The old KV is only read, so a failure midway changes nothing.
+
+:func:`fill_runs` is the loop itself, with each kept run naming the KV it is copied from:
+an edit reads only its base KV (:func:`execute_edit`); COMPOSE (``compose``) also reads a
+skill's KV, precomputed from position 0.
 """
 
 from __future__ import annotations
@@ -39,6 +43,14 @@ class SpliceOutcome:
     exact_length: int
     """Length of the new sequence's prefix whose KV equals a fresh prefill's (up to
     rounding): everything before the first run that was kept across a change."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourcedRun:
+    """A run of the new sequence; a kept one also names the KV its ``old_start`` indexes."""
+
+    run: Run
+    source: KVCache | None = None
 
 
 def slice_kv(kv: KVCache, start: int, end: int) -> KVCache:
@@ -85,6 +97,41 @@ def _exact_length(runs: Sequence[Run], first_change: int, old_exact: int) -> int
     return exact
 
 
+def fill_runs(
+    forward_into: ForwardInto,
+    layout: CacheLayout | None,
+    rope: RopeSpec | None,
+    tokens: Sequence[int],
+    runs: Sequence[SourcedRun],
+    *,
+    template: KVCache,
+    want_logits: bool = False,
+) -> tuple[KVCache, torch.Tensor | None, bool]:
+    """The KV of ``tokens``, built run by run into one new buffer per layer and slot.
+
+    ``template`` gives the buffers' shapes (any KV of this model). Returns the KV, the
+    next-token logits when known, and whether the last token was run again for them
+    (``want_logits`` with a sequence ending in a kept run: one decode step in the new
+    buffer, no copy). Sources are only read.
+    """
+    total = len(tokens)
+    buffers = new_buffers(template, total)
+    logits: torch.Tensor | None = None
+    for sourced in runs:
+        run = sourced.run
+        if run.kind == "kept":
+            if sourced.source is None:
+                raise ValueError(f"kept run {run} names no source KV")
+            _place(buffers, sourced.source, run, layout, rope)
+            logits = None
+        else:
+            logits = forward_into(buffers, run.new_start, tokens[run.new_start : run.new_end])
+    rerun = want_logits and logits is None and total > 0
+    if rerun:
+        logits = forward_into(buffers, total - 1, tokens[-1:])
+    return filled(buffers, total), logits, rerun
+
+
 def execute_edit(
     forward_into: ForwardInto,
     layout: CacheLayout | None,
@@ -108,18 +155,11 @@ def execute_edit(
             f"KV holds {kv_length(kv)} positions, the edit's base has "
             f"{result.position_map.old_length}"
         )
-    total = len(result.tokens)
-    buffers = new_buffers(kv, total)
-    logits: torch.Tensor | None = None
-    for run in result.runs:
-        if run.kind == "kept":
-            _place(buffers, kv, run, layout, rope)
-            logits = None
-        else:
-            tokens = result.tokens[run.new_start : run.new_end]
-            logits = forward_into(buffers, run.new_start, tokens)
+    runs = [SourcedRun(run, kv if run.kind == "kept" else None) for run in result.runs]
+    new_kv, logits, rerun = fill_runs(
+        forward_into, layout, rope, result.tokens, runs, template=kv, want_logits=want_logits
+    )
     exact = _exact_length(result.runs, result.first_change, old_exact_length)
-    if want_logits and logits is None and total > 0:
-        logits = forward_into(buffers, total - 1, result.tokens[-1:])
-        exact = total if exact >= total - 1 else exact
-    return SpliceOutcome(filled(buffers, total), logits, exact)
+    if rerun and exact >= len(result.tokens) - 1:
+        exact = len(result.tokens)
+    return SpliceOutcome(new_kv, logits, exact)

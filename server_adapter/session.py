@@ -1,16 +1,17 @@
 """SessionCache: one agent's cached sequence, edited with directives instead of re-prefilled.
 
 Operations: prefill / extend (reusing the session's own KV and the shared prefix cache),
-generate, and edit batches through the protocol's algebra (splice = AMORTIZE, forget,
-erratum). Each runs under the session lock, builds a new ``SessionState`` and swaps it in
-at the end: a rejected or failed batch leaves the session bitwise unchanged.
+generate, edit batches through the protocol's algebra (splice = AMORTIZE, forget,
+erratum), and compose (a precomputed skill's KV inserted, see ``compose``). Each runs
+under the session lock, builds a new ``SessionState`` and swaps it in at the end: a
+rejected or failed batch leaves the session bitwise unchanged.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import torch
@@ -21,6 +22,7 @@ from leyline.protocol.envelope import Path
 from leyline.protocol.errors import ErrorCode, LeylineError
 from leyline.protocol.spans import MessageSpan
 
+from .compose import plan_compose, run_batch, run_compose
 from .core.batch import (
     EditPlan,
     SessionView,
@@ -39,8 +41,13 @@ from .reports import GenerationResult, OpReport
 from .run_executor import slice_kv
 from .sampling import SamplingParams
 from .session_state import SessionState
+from .skills import Skill
 
 EXECUTED_VERBS = (Verb.splice, Verb.forget, Verb.erratum)
+
+RunPlan = Callable[[SessionState], tuple[SessionState, OpReport]]
+"""A plan's execution on a complete state: the new state (revision, spans set by the
+session) and its report."""
 
 
 class SessionCache:
@@ -245,18 +252,97 @@ class SessionCache:
             return self.execute(plan, allow_fallback=allow_fallback, want_logits=want_logits)
 
     def execute(
-        self, plan: EditPlan, *, allow_fallback: bool = True, want_logits: bool = False
+        self,
+        plan: EditPlan,
+        *,
+        allow_fallback: bool = True,
+        want_logits: bool = False,
+        skills: Mapping[int, Skill] | None = None,
     ) -> OpReport:
         """Execute a checked plan all-or-nothing; returns what ran (splice / reprefill).
 
         ``want_logits``: also compute the next-token logits now (one decode step inside the
         splice's own buffer) rather than on first use, which would copy the new KV once.
+        ``skills``: the compiled skill of each of ``plan.composes``, by directive index.
 
         Raises:
-            LeylineError: ``revision_conflict`` if the session moved since the plan.
+            LeylineError: ``revision_conflict`` if the session moved since the plan;
+                ``skill_mismatch`` for a skill of another model.
             SpliceUnsupportedError: the splice cannot run exactly and ``allow_fallback`` is
                 false; nothing changed.
         """
+        if plan.composes:
+            blocks = dict(skills or {})
+            missing = [c.index for c in plan.composes if c.index not in blocks]
+            if missing:
+                raise ValueError(f"no compiled skill for the composes at {missing}")
+
+            def run_with_skills(state: SessionState) -> tuple[SessionState, OpReport]:
+                return run_batch(
+                    self.engine, state, plan, blocks,
+                    allow_fallback=allow_fallback, want_logits=want_logits,
+                )  # fmt: skip
+
+            return self._execute(plan, run_with_skills)
+
+        def run(state: SessionState) -> tuple[SessionState, OpReport]:
+            return run_edits(
+                self.engine,
+                state,
+                plan.result,
+                forget=plan.forget_from is not None,
+                allow_fallback=allow_fallback,
+                want_logits=want_logits,
+            )
+
+        return self._execute(plan, run)
+
+    def compose(
+        self,
+        skill: Skill,
+        at: int,
+        *,
+        seam_tokens: int = 4,
+        base_revision: int | None = None,
+        allow_fallback: bool = True,
+        want_logits: bool = False,
+    ) -> OpReport:
+        """Insert ``skill``'s precomputed KV at token position ``at`` (see ``compose``):
+        its first ``seam_tokens`` tokens prefilled against ``tokens[:at]``, the rest copied
+        with keys rotated by ``at``, the tokens from ``at`` on shifted as a splice shifts
+        them. All-or-nothing; revision + 1.
+
+        Raises:
+            LeylineError: ``invalid_span`` for ``at`` outside the session,
+                ``skill_mismatch`` for a skill of another model, any splice rule.
+            SpliceUnsupportedError: see :meth:`execute`.
+        """
+        with self._lock:
+            plan = plan_compose(
+                self.view,
+                skill,
+                at,
+                seam_tokens,
+                limits=self.engine.limits,
+                vocab_size=self.engine.vocab_size,
+                base_revision=base_revision,
+            )
+
+            def run(state: SessionState) -> tuple[SessionState, OpReport]:
+                return run_compose(
+                    self.engine,
+                    state,
+                    plan,
+                    skill,
+                    seam_tokens,
+                    allow_fallback=allow_fallback,
+                    want_logits=want_logits,
+                )
+
+            return self._execute(plan, run)
+
+    def _execute(self, plan: EditPlan, run: RunPlan) -> OpReport:
+        """Run ``plan`` on the complete state and swap the result in (revision + 1)."""
         with self._lock:
             t0 = time.perf_counter()
             state = self._state
@@ -270,14 +356,7 @@ class SessionCache:
             if plan.is_identity:
                 n = len(state.tokens)
                 return _timed(OpReport(Path.splice, state.revision, n, 0, first_change=n), t0)
-            new, report = run_edits(
-                self.engine,
-                self._complete(state),
-                plan.result,
-                forget=plan.forget_from is not None,
-                allow_fallback=allow_fallback,
-                want_logits=want_logits,
-            )
+            new, report = run(self._complete(state))
             new = SessionState(
                 new.tokens, new.kv, new.logits, state.revision + 1, plan.spans, new.exact_length
             )

@@ -48,7 +48,7 @@ class EmbeddedServer:
         t0 = time.perf_counter()
         self.app = build_app(settings, prefix_cache_bytes=prefix_cache_bytes)
         self.load_s = time.perf_counter() - t0
-        self.label: str = self.app.state.service.engine.loaded.label
+        self.label: str = self.app.state.engine.loaded.label
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="leyline-serve", daemon=True)

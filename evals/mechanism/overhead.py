@@ -46,7 +46,7 @@ def measure_overhead(
     """Same work over HTTP and in-process, alternated rep by rep (paired differences).
 
     In-process = the call the route makes, submitted to the server's model worker through
-    ``LeylineService.run`` (same thread, same queue hop), without HTTP, JSON or pydantic.
+    ``EngineBackend.run`` (same thread, same queue hop), without HTTP, JSON or pydantic.
     Nothing else is in flight.
     """
     from leyline.server_adapter.core.sessions import DEFAULT_TENANT
@@ -56,7 +56,7 @@ def measure_overhead(
     loop = asyncio.new_event_loop()
 
     def on_worker(fn: Callable[[], object]) -> Callable[[], object]:
-        return lambda: loop.run_until_complete(service.run(fn))
+        return lambda: loop.run_until_complete(service.backend.run(fn))
 
     trajectory = demo_trajectory()
     messages = trajectory.opening() + [m for t in range(1, 5) for m in trajectory.turn(t)]
@@ -71,7 +71,7 @@ def measure_overhead(
         "leyline": {"session": session},
     }
     request = ChatCompletionRequest.model_validate(body)
-    renderer = service.require_renderer()
+    renderer = service.backend.require_renderer()
     render = partial(renderer.render, request.messages, request.tools, add_generation_prompt=True)
     tok_body = {"messages": messages, "tools": tool_specs}
     info_url = Routes.session.format(session=session)
@@ -131,7 +131,7 @@ def _splice_pair(
     span = {"start": n // 3, "end": n // 3 + n // 4}
     directive = {"verb": "splice", "span": span, "replacement": "[evicted: tool output]"}
     batch = [SpliceDirective.model_validate(directive)]
-    base = SessionCache(service.engine)
+    base = SessionCache(service.backend.engine)
     base.prefill(tokens)
 
     def rep(i: int, out: Overhead) -> None:

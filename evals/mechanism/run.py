@@ -17,7 +17,7 @@ from leyline.evals.common import Report, results_dir
 
 from .replay import Sample, Settings, requests_in, run_level
 from .report import (
-    QUEUE_NOTE,
+    concurrency_note,
     latency_table,
     overhead_table,
     plot_latency,
@@ -101,7 +101,8 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
         "samples": [asdict(s) for s in samples],
     }
     report.section("Trajectories replayed", pool_table(pool_facts))
-    report.section("Per concurrency level", QUEUE_NOTE + "\n\n" + latency_table(table))
+    note = concurrency_note(options.base_url)
+    report.section("Per concurrency level", note + "\n\n" + latency_table(table))
     report.section("Ratios and agreement", ratio_table(table) + "\n\n" + _overall_text(facts))
     if overhead is not None:
         report.section(
@@ -110,7 +111,7 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
         )
     report.plots["latency_and_hits.png"] = lambda path: plot_latency(table, path)
     written = report.write()
-    print(QUEUE_NOTE, file=out)
+    print(concurrency_note(options.base_url), file=out)
     print(latency_table(table), file=out)
     print(ratio_table(table), file=out)
     print(_overall_text(facts), file=out)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from leyline.protocol.capabilities import Capabilities, Limits
-from leyline.protocol.resources import Message
+from leyline.protocol.resolve import SkillTokens
+from leyline.protocol.resources import Message, SkillInfo
 from leyline.protocol.spans import MessageSpan
 
 from .batch import EditPlan, SessionView
@@ -29,6 +30,14 @@ class Rendered:
 
     tokens: tuple[int, ...]
     spans: tuple[MessageSpan, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SkillLabel:
+    """What people call a skill (``SkillCreate.name`` / ``description``)."""
+
+    name: str | None = None
+    description: str | None = None
 
 
 class Backend(Protocol[H]):
@@ -88,5 +97,27 @@ class Backend(Protocol[H]):
     async def execute(self, handle: H, plan: EditPlan, *, allow_fallback: bool) -> OpReport:
         """Run a checked plan; the handle then holds ``plan.tokens`` at revision + 1 with
         ``plan.spans``. Raises ``SpliceUnsupportedError`` when a splice cannot run exactly
-        and ``allow_fallback`` is false."""
+        and ``allow_fallback`` is false. A plan's composes name ``plan.tenant``'s skills."""
+        ...
+
+    # -- skills (COMPOSE); a backend without ``compose`` in its verbs is never asked ------
+
+    def skill_tokens(self, tenant: str) -> SkillTokens | None:
+        """Skill id -> its tokens for ``tenant`` (the resolver's lookup), or None."""
+        ...
+
+    async def register_skill(
+        self, tenant: str, skill_id: str, tokens: Sequence[int], label: SkillLabel
+    ) -> SkillInfo:
+        """Compute the block's KV once (from position 0) and keep it as ``skill_id``."""
+        ...
+
+    def skill_info(self, tenant: str, skill_id: str, include_tokens: bool) -> SkillInfo:
+        """Raises ``LeylineError(unknown_skill)``."""
+        ...
+
+    def list_skills(self, tenant: str) -> list[SkillInfo]: ...
+
+    def delete_skill(self, tenant: str, skill_id: str) -> None:
+        """Raises ``LeylineError(unknown_skill)``."""
         ...

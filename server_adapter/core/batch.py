@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from leyline.protocol.algebra import Edit, EditResult, apply_edits
+from leyline.protocol.algebra import Edit, EditResult, apply_edits, replacement_spans
 from leyline.protocol.capabilities import Limits
-from leyline.protocol.directives import Directive, Mode, Verb
+from leyline.protocol.directives import Directive, Mode, RecomputeMode, Verb
+from leyline.protocol.envelope import ComposedBlock
 from leyline.protocol.errors import ErrorCode, LeylineError
-from leyline.protocol.resolve import resolve_batch
+from leyline.protocol.resolve import ResolvedCompose, SkillTokens, resolve_batch
 from leyline.protocol.spans import MessageSpan
 
 from .spans import remap_spans
@@ -41,10 +42,29 @@ class EditPlan:
     result: EditResult
     spans: tuple[MessageSpan, ...]
     """The new revision's message spans."""
+    composes: tuple[ResolvedCompose, ...] = ()
+    """The batch's composes: their edits insert the skills' tokens, whose KV is precompiled."""
+    tenant: str | None = None
+    """Whose skills the composes name (set by the service that planned them)."""
 
     @property
     def tokens(self) -> tuple[int, ...]:
         return self.result.tokens
+
+    def composed(self) -> list[ComposedBlock]:
+        """Where each compose put its skill's tokens in the new revision (the report's
+        ``composed``), in batch order."""
+        if not self.composes:
+            return []
+        where = replacement_spans(len(self.base.tokens), self.edits)
+        by_index = {e.index: span for e, span in zip(self.edits, where, strict=True)}
+        return [
+            ComposedBlock(
+                directive=c.index, skill=c.skill, start=by_index[c.index][0],
+                end=by_index[c.index][1],
+            )
+            for c in self.composes
+        ]  # fmt: skip
 
     @property
     def forget_from(self) -> int | None:
@@ -99,7 +119,11 @@ def check_vocab(tokens: Sequence[int], vocab_size: int, field: str) -> None:
         )
 
 
-def check_edit_limits(edits: Sequence[Edit], limits: Limits) -> None:
+def check_edit_limits(
+    edits: Sequence[Edit], limits: Limits, precompiled: Collection[int] = ()
+) -> None:
+    """The batch size and replacement caps; edits whose index is in ``precompiled`` (a
+    compose's skill: its KV exists, nothing is prefilled) are exempt from the latter."""
     if limits.max_directives is not None and len(edits) > limits.max_directives:
         raise LeylineError(
             ErrorCode.too_many_directives,
@@ -108,7 +132,7 @@ def check_edit_limits(edits: Sequence[Edit], limits: Limits) -> None:
         )
     cap = limits.max_replacement_tokens
     for e in edits:
-        if cap is not None and len(e.replacement) > cap:
+        if cap is not None and len(e.replacement) > cap and e.index not in precompiled:
             raise LeylineError(
                 ErrorCode.replacement_too_long,
                 f"replacement of {len(e.replacement)} tokens; at most {cap}",
@@ -123,18 +147,21 @@ def plan_edits(
     limits: Limits,
     vocab_size: int,
     base_revision: int | None = None,
+    composes: Sequence[ResolvedCompose] = (),
 ) -> EditPlan:
-    """Check resolved token edits against ``view``; raises ``LeylineError`` on any rule."""
+    """Check resolved token edits against ``view``; raises ``LeylineError`` on any rule.
+    ``composes`` marks the edits that insert a skill (by directive index)."""
     check_revision(view, base_revision)
     # Mode(...) also accepts plain strings; the algebra compares modes by identity.
     normal = tuple(
         Edit(e.start, e.end, tuple(int(t) for t in e.replacement), Mode(e.mode), e.index)
         for e in edits
     )
-    check_edit_limits(normal, limits)
+    check_edit_limits(normal, limits, {c.index for c in composes})
     result = apply_edits(view.tokens, normal)
     check_tokens(result.tokens, vocab_size, limits, "directives")
-    return EditPlan(view, normal, result, remap_spans(view.spans, normal))
+    spans = remap_spans(view.spans, normal)
+    return EditPlan(view, normal, result, spans, tuple(composes))
 
 
 def plan_batch(
@@ -146,8 +173,10 @@ def plan_batch(
     vocab_size: int,
     supported: Collection[Verb],
     base_revision: int | None = None,
+    skill_tokens: SkillTokens | None = None,
+    recompute_modes: Collection[RecomputeMode] = (RecomputeMode.none,),
 ) -> EditPlan:
-    """Resolve a protocol batch against ``view`` (anchors, text) and check it whole."""
+    """Resolve a protocol batch against ``view`` (anchors, text, skills) and check it whole."""
     check_revision(view, base_revision)
     batch = resolve_batch(
         directives,
@@ -156,5 +185,9 @@ def plan_batch(
         spans=view.spans,
         limits=limits,
         supported=supported,
+        skill_tokens=skill_tokens,
+        recompute_modes=recompute_modes,
     )
-    return plan_edits(view, batch.edits, limits=limits, vocab_size=vocab_size)
+    return plan_edits(
+        view, batch.edits, limits=limits, vocab_size=vocab_size, composes=batch.composes
+    )

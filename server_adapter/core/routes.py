@@ -19,6 +19,9 @@ from leyline.protocol.resources import (
     Routes,
     SessionCreate,
     SessionInfo,
+    SkillCreate,
+    SkillInfo,
+    SkillList,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -61,6 +64,24 @@ def leyline_router(service: SessionService[Any]) -> APIRouter:
     ) -> LeylineResponse:
         """Apply a batch without generating (all-or-nothing; 409 on a stale revision)."""
         return await service.apply(tenant_of(request), session, body)
+
+    @router.post(Routes.skills, status_code=201)
+    async def create_skill(body: SkillCreate, request: Request) -> SkillInfo:
+        """Register a skill for compose: its KV is computed once, from position 0."""
+        return await service.create_skill(tenant_of(request), body)
+
+    @router.get(Routes.skills)
+    async def list_skills(request: Request) -> SkillList:
+        return await service.list_skills(tenant_of(request))
+
+    @router.get(Routes.skill)
+    async def get_skill(skill: str, request: Request, tokens: bool = False) -> SkillInfo:
+        return await service.get_skill(tenant_of(request), skill, tokens)
+
+    @router.delete(Routes.skill, status_code=204)
+    async def delete_skill(skill: str, request: Request) -> Response:
+        await service.delete_skill(tenant_of(request), skill)
+        return Response(status_code=204)
 
     @router.post(Routes.tokenize)
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:

@@ -9,7 +9,9 @@ tokenizing) runs off the event loop.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Generic
 
 from leyline.protocol import (
@@ -26,12 +28,15 @@ from leyline.protocol.resources import (
     DetokenizeResponse,
     SessionCreate,
     SessionInfo,
+    SkillCreate,
+    SkillInfo,
+    SkillList,
     TokenizeRequest,
     TokenizeResponse,
 )
 from leyline.protocol.spans import MessageSpan
 
-from .backend import Backend, H
+from .backend import Backend, H, SkillLabel
 from .batch import EditPlan, check_tokens, check_vocab, plan_batch
 from .sessions import Session, SessionStore
 
@@ -69,35 +74,41 @@ class SessionService(Generic[H]):
         self, session: Session[H], directives: Sequence[Directive], base_revision: int | None
     ) -> EditPlan:
         """Check a batch against the leased session (tokenizing off the event loop)."""
-        return await asyncio.to_thread(
+        caps = self.capabilities()
+        plan = await asyncio.to_thread(
             plan_batch,
             self.backend.view(session.handle),
             directives,
             tokenize=self.backend.encode,
             limits=self.backend.limits,
             vocab_size=self.backend.vocab_size,
-            supported=self.verbs,
+            supported=caps.verbs,
             base_revision=base_revision,
+            skill_tokens=self.backend.skill_tokens(session.tenant),
+            recompute_modes=caps.compose_recompute,
         )
+        return replace(plan, tenant=session.tenant)
 
     # -- sessions ------------------------------------------------------------------------
 
     async def create(self, tenant: str, body: SessionCreate) -> SessionInfo:
         """Create a session, optionally prefilled; nothing is created if any check fails."""
+        self.check_salt(body.cache_salt)
         tokens, spans = await self._prompt_of(body)
         check_tokens(tokens, self.backend.vocab_size, self.backend.limits, _source(body))
         self.store.check_new(tenant, body.session)
-        session = self.store.create(tenant, body.session)
+        session = self.store.create(tenant, body.session, cache_salt=body.cache_salt)
         try:
             async with self.store.lease(session):
                 if tokens:
                     report = await self.backend.prefill(session.handle, tokens, spans)
                     self._on_op(report.to_response(session.id))
-                if not self.store.fits(session):
+                if (budget := self.store.budget_too_small_for(session)) is not None:
+                    # Gone before the lease ends, so its bytes evict no other session.
+                    self.store.delete(tenant, session.id)
                     raise LeylineError(
                         ErrorCode.limit_exceeded,
-                        f"a session of {len(tokens)} tokens does not fit this server's cache "
-                        "budget (--max-cache-gib)",
+                        f"a session of {len(tokens)} tokens does not fit {budget}",
                         _source(body),
                     )
                 return self.info(session)
@@ -105,6 +116,17 @@ class SessionService(Generic[H]):
             if self.store.exists(tenant, session.id):
                 self.store.delete(tenant, session.id)  # a failed create leaves nothing behind
             raise
+
+    def check_salt(self, cache_salt: str | None) -> None:
+        # Accepting a salt the backend cannot partition by would promise an isolation
+        # that does not hold.
+        if cache_salt is not None and not self.capabilities().cache_salt:
+            raise LeylineError(
+                ErrorCode.invalid_directive,
+                "this server cannot partition its shared cache by cache_salt "
+                "(capabilities.cache_salt is false); omit it",
+                "cache_salt",
+            )
 
     async def get(self, tenant: str, session_id: str, include_tokens: bool = False) -> SessionInfo:
         return self.info(self.store.get(tenant, session_id), include_tokens)
@@ -121,8 +143,68 @@ class SessionService(Generic[H]):
                 session.handle, plan, allow_fallback=body.options.allow_fallback
             )
             response = report.to_response(session.id, self.backend.view(session.handle).spans)
+            response = with_composed(response, plan)
         self._on_op(response)
         return response
+
+    # -- skills (COMPOSE) ------------------------------------------------------------------
+
+    async def create_skill(self, tenant: str, body: SkillCreate) -> SkillInfo:
+        """Register a block of tokens (its KV computed once); nothing is kept if a check
+        fails."""
+        self._require_skills()
+        caps = self.capabilities()
+        if body.model is not None and body.model not in caps.models:
+            raise LeylineError(
+                ErrorCode.skill_mismatch,
+                f"this server serves {caps.models}, not {body.model!r}: a skill's KV belongs "
+                "to one model",
+                "model",
+            )
+        if body.messages is not None:
+            messages = body.messages
+            rendered = await asyncio.to_thread(
+                lambda: self.backend.render(messages, None, add_generation_prompt=False)
+            )
+            tokens: tuple[int, ...] = rendered.tokens
+        elif body.text is not None:
+            tokens = await asyncio.to_thread(self.backend.encode, body.text)
+        else:
+            tokens = tuple(body.tokens or ())
+        source = next(n for n in ("messages", "text", "tokens") if getattr(body, n) is not None)
+        check_vocab(tokens, self.backend.vocab_size, source)
+        cap = self.backend.limits.max_skill_tokens
+        if not tokens or (cap is not None and len(tokens) > cap):
+            raise LeylineError(
+                ErrorCode.limit_exceeded,
+                f"the skill is {len(tokens)} tokens; this server takes 1 to {cap or 'any'}",
+                source,
+            )
+        label = SkillLabel(body.name, body.description)
+        return await self.backend.register_skill(
+            tenant, body.skill or uuid.uuid4().hex, tokens, label
+        )
+
+    async def get_skill(self, tenant: str, skill_id: str, include_tokens: bool) -> SkillInfo:
+        self._require_skills()
+        return self.backend.skill_info(tenant, skill_id, include_tokens)
+
+    async def list_skills(self, tenant: str) -> SkillList:
+        self._require_skills()
+        return SkillList(skills=self.backend.list_skills(tenant))
+
+    async def delete_skill(self, tenant: str, skill_id: str) -> None:
+        self._require_skills()
+        self.backend.delete_skill(tenant, skill_id)
+
+    def _require_skills(self) -> None:
+        if Verb.compose not in self.verbs:
+            raise LeylineError(
+                ErrorCode.unsupported_verb,
+                f"this server does not execute compose, so it keeps no skills (it executes "
+                f"{', '.join(sorted(self.verbs))})",
+                "skill",
+            )
 
     # -- tokens --------------------------------------------------------------------------
 
@@ -153,6 +235,12 @@ class SessionService(Generic[H]):
         if body.text is not None:
             return await asyncio.to_thread(self.backend.encode, body.text), ()
         return tuple(body.tokens or ()), ()
+
+
+def with_composed(response: LeylineResponse, plan: EditPlan) -> LeylineResponse:
+    """The response with where the plan's composes put their blocks (if any)."""
+    blocks = plan.composed()
+    return response.model_copy(update={"composed": blocks}) if blocks else response
 
 
 def _source(body: SessionCreate) -> str:

@@ -4,7 +4,9 @@ A session belongs to the tenant that created it; another tenant asking for its i
 ``unknown_session`` (404, never 403: an id reveals nothing). A session is *busy* while a
 request leases it: leases on one session run one after another (an asyncio lock), and
 only idle sessions are evicted, least recently used first, past the count or byte budget.
-A later request for an evicted session gets ``unknown_session``.
+A tenant past its own quota (optional) loses its own idle sessions, never another
+tenant's; the server-wide budgets still evict anyone's. A later request for an evicted
+session gets ``unknown_session``.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class Session(Generic[H]):
 class Evicted:
     tenant: str
     session: str
-    why: str  # "count" or "bytes"
+    why: str  # "count" / "bytes" (the server's budgets), "tenant_count" / "tenant_bytes"
 
 
 class SessionStore(Generic[H]):
@@ -52,11 +54,15 @@ class SessionStore(Generic[H]):
         *,
         max_sessions: int | None = None,
         max_cache_bytes: int | None = None,
+        tenant_max_sessions: int | None = None,
+        tenant_max_cache_bytes: int | None = None,
         on_evict: Callable[[Evicted], None] = lambda e: None,
     ) -> None:
         self.backend = backend
         self.max_sessions = max_sessions
         self.max_cache_bytes = max_cache_bytes
+        self.tenant_max_sessions = tenant_max_sessions
+        self.tenant_max_cache_bytes = tenant_max_cache_bytes
         self._on_evict = on_evict
         self._lru: OrderedDict[tuple[str, str], Session[H]] = OrderedDict()
 
@@ -96,22 +102,40 @@ class SessionStore(Generic[H]):
                 f"all {cap} sessions are busy; retry later",
                 "session",
             )
+        quota = self.tenant_max_sessions
+        full = quota is not None and len(self.ids(tenant)) >= quota
+        if full and self._idle_victim(tenant) is None:
+            raise LeylineError(
+                ErrorCode.limit_exceeded,
+                f"all {quota} sessions of this tenant (its quota) are busy; retry later",
+                "session",
+            )
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def create(
         self, tenant: str, session_id: str | None = None, *, cache_salt: str | None = None
     ) -> Session[H]:
-        """A new empty session (evicting an idle one if the count is at its cap). Its shared
+        """A new empty session (evicting an idle one if a count is at its cap). Its shared
         cache partition is its tenant's, narrowed by ``cache_salt`` if given."""
         self.check_new(tenant, session_id)
-        cap = self.max_sessions
-        while cap is not None and len(self._lru) >= cap:
-            self._evict_one("count")
+        self._make_room(tenant)
         sid = session_id or uuid.uuid4().hex
         session = Session(sid, tenant, self.backend.open(salt_of(tenant, cache_salt)))
         self._lru[(tenant, sid)] = session
         return session
+
+    def _make_room(self, tenant: str) -> None:
+        """Free a slot for one more session of ``tenant`` (``check_new`` saw one is free):
+        its own least recently used idle one at its quota, then anyone's at the server's."""
+        quota = self.tenant_max_sessions
+        while quota is not None and len(self.ids(tenant)) >= quota:
+            if not self._evict_one("tenant_count", tenant):
+                break
+        cap = self.max_sessions
+        while cap is not None and len(self._lru) >= cap:
+            if not self._evict_one("count"):
+                break
 
     def delete(self, tenant: str, session_id: str) -> None:
         session = self.get(tenant, session_id)
@@ -132,7 +156,7 @@ class SessionStore(Generic[H]):
                 yield session
         finally:
             session.busy -= 1
-            self.enforce_budget()
+            self.enforce_budget(session.tenant)
 
     @asynccontextmanager
     async def leased(self, tenant: str, session_id: str) -> AsyncIterator[Session[H]]:
@@ -141,26 +165,51 @@ class SessionStore(Generic[H]):
 
     # -- budget ------------------------------------------------------------------------
 
-    def total_bytes(self) -> int:
-        return sum(self.backend.nbytes(s.handle) for s in self._lru.values())
+    def total_bytes(self, tenant: str | None = None) -> int:
+        """Bytes the sessions hold: all of them, or ``tenant``'s."""
+        return sum(
+            self.backend.nbytes(s.handle)
+            for (t, _), s in self._lru.items()
+            if tenant is None or t == tenant
+        )
 
-    def fits(self, session: Session[H]) -> bool:
-        """Whether ``session`` alone fits the byte budget (else it cannot be kept)."""
-        cap = self.max_cache_bytes
-        return cap is None or self.backend.nbytes(session.handle) <= cap
+    def budget_too_small_for(self, session: Session[H]) -> str | None:
+        """The byte budget ``session`` alone exceeds, in words (it cannot be kept), or None."""
+        nbytes = self.backend.nbytes(session.handle)
+        if self.max_cache_bytes is not None and nbytes > self.max_cache_bytes:
+            return "this server's cache budget (--max-cache-gib)"
+        if self.tenant_max_cache_bytes is not None and nbytes > self.tenant_max_cache_bytes:
+            return "its tenant's cache quota (--tenant-max-cache-gib)"
+        return None
 
-    def enforce_budget(self) -> None:
-        """Evict idle sessions, least recently used first, until under the byte budget."""
-        cap = self.max_cache_bytes
-        while cap is not None and self.total_bytes() > cap:
-            if not self._evict_one("bytes"):
-                return
+    def enforce_budget(self, tenant: str | None = None) -> None:
+        """Evict idle sessions, least recently used first: ``tenant``'s own (every tenant's
+        if None) past its quota, then anyone's past the server's byte budget."""
+        quota = self.tenant_max_cache_bytes
+        if quota is not None:
+            for each in {t for t, _ in self._lru} if tenant is None else {tenant}:
+                self._evict_down_to(quota, "tenant_bytes", each)
+        if self.max_cache_bytes is not None:
+            self._evict_down_to(self.max_cache_bytes, "bytes")
 
-    def _idle_victim(self) -> tuple[str, str] | None:
-        return next((key for key, s in self._lru.items() if s.busy == 0), None)
+    def _evict_down_to(self, cap: int, why: str, tenant: str | None = None) -> None:
+        """Evict idle sessions (``tenant``'s if given), LRU first, until they hold <= cap."""
+        while self.total_bytes(tenant) > cap and self._evict_one(why, tenant):
+            pass
 
-    def _evict_one(self, why: str) -> bool:
-        key = self._idle_victim()
+    def _idle_victim(self, tenant: str | None = None) -> tuple[str, str] | None:
+        """The least recently used idle session (of ``tenant`` if given)."""
+        return next(
+            (
+                key
+                for key, s in self._lru.items()
+                if s.busy == 0 and (tenant is None or key[0] == tenant)
+            ),
+            None,
+        )
+
+    def _evict_one(self, why: str, tenant: str | None = None) -> bool:
+        key = self._idle_victim(tenant)
         if key is None:
             return False
         session = self._lru.pop(key)

@@ -11,7 +11,9 @@ from leyline.protocol import PROTOCOL_VERSION
 
 from ..core.routes import leyline_router
 from ..engine import Engine
+from ..engine_backend import EngineBackend
 from .access import Access
+from .engine_runner import EngineRunner
 from .errors import BodyLimit, install_error_handlers
 from .routes_openai import openai_router
 from .service import LeylineService
@@ -20,12 +22,15 @@ from .settings import ServerSettings
 
 def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
-    service = LeylineService(engine, settings)
+    name = settings.served_model_name or engine.loaded.name
+    # Tenants: the access layer below maps each API key to one (access.py).
+    backend = EngineBackend(engine, limits=settings.limits, model_name=name, tenants=True)
+    service = LeylineService(backend, EngineRunner(backend), settings, model_name=name)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        service.shutdown()
+        backend.shutdown()
 
     app = FastAPI(
         lifespan=lifespan,
@@ -38,6 +43,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
         "erratum). See docs/protocol.md.",
     )
     app.state.service = service
+    app.state.engine = engine
     install_error_handlers(app)
     app.include_router(openai_router(service))
     app.include_router(leyline_router(service.core))

@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 
 from starlette.requests import Request
 
-from .service import IsCancelled, OnToken
+from .turns import IsCancelled, OnToken
 
 T = TypeVar("T")
 _POLL_SECONDS = 0.2

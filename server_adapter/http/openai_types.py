@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from leyline.protocol import LeylineRequest, LeylineResponse
-from leyline.protocol.resources import Message
+from leyline.protocol.resources import CacheSalt, Message
 from leyline.protocol.validation import error_from_details
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
@@ -90,10 +90,8 @@ class SamplingFields(_Lenient):
     seed: int | None = Field(
         default=None, ge=-(2**63), le=2**64 - 1, description="Any 64-bit seed, signed or not."
     )
-    cache_salt: str | None = Field(
+    cache_salt: CacheSalt | None = Field(
         default=None,
-        min_length=1,
-        max_length=256,
         description="Partitions the shared prefix cache further inside the caller's tenant "
         "(as vLLM's cache_salt): only requests with the same salt share cached KV. For a "
         "session, the salt of the request that created it holds for its lifetime.",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -35,13 +35,14 @@ from .openai_types import (
     Usage,
     new_id,
 )
-from .service import LeylineService, Reply
+from .service import LeylineService
 from .streaming import DONE, DeltaText, sse
+from .turns import Reply
 
 R = TypeVar("R")
 
 
-def openai_router(service: LeylineService) -> APIRouter:
+def openai_router(service: LeylineService[Any]) -> APIRouter:
     router = APIRouter(tags=["OpenAI-compatible"], route_class=LeylineRoute)
 
     @router.get("/v1/models")
@@ -86,7 +87,7 @@ def openai_router(service: LeylineService) -> APIRouter:
 
 
 async def _respond(
-    service: LeylineService,
+    service: LeylineService[Any],
     route: str,
     request: Request,
     stream: bool,
@@ -124,11 +125,11 @@ def _finish(reply: Reply) -> str:
     return "tool_calls" if reply.tool_calls else reply.generation.finish_reason
 
 
-def _chat_logprobs(service: LeylineService, choices: Sequence[TokenChoice]) -> ChoiceLogprobs:
-    tokenizer = service.engine.tokenizer
+def _chat_logprobs(service: LeylineService[Any], choices: Sequence[TokenChoice]) -> ChoiceLogprobs:
+    tokenizer = service.runner.tokenizer
 
     def entry(token: int, logprob: float) -> TopLogprob:
-        text = service.engine.decode([token])
+        text = service.decode([token])
         raw = token_bytes(tokenizer, token) if tokenizer is not None else text.encode()
         return TopLogprob(
             token=text, logprob=_finite(logprob), bytes=list(raw), token_id=int(token)
@@ -150,7 +151,7 @@ def _finite(value: float) -> float:
 
 
 def _chat_completion(
-    service: LeylineService, body: ChatCompletionRequest, reply: Reply
+    service: LeylineService[Any], body: ChatCompletionRequest, reply: Reply
 ) -> ChatCompletion:
     logprobs = None
     if body.logprobs:
@@ -170,13 +171,14 @@ def _chat_completion(
 
 
 async def _chat_events(
-    service: LeylineService, body: ChatCompletionRequest, job: TokenJob[Reply], first: int | None
+    service: LeylineService[Any],
+    body: ChatCompletionRequest,
+    job: TokenJob[Reply],
+    first: int | None,
 ) -> AsyncIterator[str]:
     cid, model = new_id("chatcmpl"), service.model_name
     buffered = bool(body.tools) and body.tool_choice != "none"  # tool calls parse at the end
-    deltas = DeltaText(
-        service.engine.decode, body.stop_strings(), service.engine.loaded.eos_token_ids
-    )
+    deltas = DeltaText(service.decode, body.stop_strings(), service.runner.stop_token_ids)
 
     def chunk(delta: ChunkDelta, **extra: object) -> str:
         return sse(
@@ -219,12 +221,10 @@ async def _chat_events(
 
 
 async def _completion_events(
-    service: LeylineService, body: CompletionRequest, job: TokenJob[Reply], first: int | None
+    service: LeylineService[Any], body: CompletionRequest, job: TokenJob[Reply], first: int | None
 ) -> AsyncIterator[str]:
     cid, model = new_id("cmpl"), service.model_name
-    deltas = DeltaText(
-        service.engine.decode, body.stop_strings(), service.engine.loaded.eos_token_ids
-    )
+    deltas = DeltaText(service.decode, body.stop_strings(), service.runner.stop_token_ids)
     try:
         tokens = [] if first is None else [first]
         async for token in _chain(tokens, job):
@@ -255,11 +255,11 @@ async def _chain(first: list[int], job: TokenJob[Reply]) -> AsyncIterator[int]:
         yield token
 
 
-def _completion(service: LeylineService, body: CompletionRequest, reply: Reply) -> Completion:
+def _completion(service: LeylineService[Any], body: CompletionRequest, reply: Reply) -> Completion:
     logprobs = None
     if body.logprobs is not None:
         choices = reply.generation.logprobs
-        texts = [service.engine.decode([c.token]) for c in choices]
+        texts = [service.decode([c.token]) for c in choices]
         offsets, at = [], 0
         for text in texts:
             offsets.append(at)
@@ -267,9 +267,7 @@ def _completion(service: LeylineService, body: CompletionRequest, reply: Reply) 
         logprobs = CompletionLogprobs(
             tokens=texts,
             token_logprobs=[_finite(c.logprob) for c in choices],
-            top_logprobs=[
-                {service.engine.decode([t]): _finite(lp) for t, lp in c.top} for c in choices
-            ],
+            top_logprobs=[{service.decode([t]): _finite(lp) for t, lp in c.top} for c in choices],
             text_offset=offsets,
         )
     text = reply.content

@@ -1,19 +1,20 @@
-"""The reference server's request path: chat and completions on the session core.
+"""The request path of chat and completions, on the session core, for either backend.
 
 Sessions, revisions, leases, limits and the ``/leyline/v1`` operations are the core's
-(``core.service``); this adds what only the reference engine serves: a generation after
-the cache was brought to the prompt. A request is checked whole on the event loop (its
-sampling fields, the revision it addresses, its directives, the prompt's tokens) before any
-model work is queued, so a rejected request changes nothing.
+(``core.service``); this adds a generation after the cache was brought to the prompt. A
+request is checked whole on the event loop (its sampling fields, the revision it addresses,
+its directives, the prompt's tokens) before any model work starts, so a rejected request
+changes nothing. The model work of a turn is the backend's ``Runner`` (``turns``): the
+reference engine's (``engine_runner``) or SGLang's (``sglang.runner``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import TypeVar
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Generic, TypeVar
 
 from leyline.protocol import (
     Capabilities,
@@ -21,91 +22,65 @@ from leyline.protocol import (
     FallbackReason,
     LeylineError,
     LeylineRequest,
-    LeylineResponse,
     Path,
 )
 from leyline.protocol.resources import SessionInfo
 
-from ..chat.render import ChatRenderer, RenderedChat
 from ..chat.tool_format import parse_tool_calls
+from ..core.backend import Backend, Rendered
 from ..core.batch import EditPlan, check_revision, check_tokens, common_prefix
-from ..core.service import SessionService
+from ..core.service import SessionService, with_composed
 from ..core.sessions import DEFAULT_TENANT, Evicted, Session, SessionStore, salt_of
-from ..engine import Engine
-from ..engine_backend import EngineBackend
-from ..reports import GenerationResult, OpReport
+from ..reports import OpReport
 from ..sampling import SamplingParams
-from ..session import SessionCache
 from .metrics import Metrics
 from .openai_types import ChatCompletionRequest, CompletionRequest, SamplingFields, ToolCall
 from .retokenize import adopt_generated_ids
 from .settings import ServerSettings
+from .turns import Cancelled, IsCancelled, OnToken, Outcome, Reply, Runner, Turn
 
-T = TypeVar("T")
-OnToken = Callable[[int], bool]
-"""Called with each generated token id; returning False cancels the generation."""
-IsCancelled = Callable[[], bool]
+__all__ = ["Cancelled", "IsCancelled", "LeylineService", "OnToken", "Reply"]
 
-
-class Cancelled(Exception):
-    """The client disconnected before its job started."""
+H = TypeVar("H")
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """One generation and what the cache did to serve it."""
-
-    generation: GenerationResult
-    leyline: LeylineResponse
-    prompt_tokens: int
-    content: str
-    tool_calls: list[ToolCall]
-    ttft: float
-
-
-class LeylineService:
-    def __init__(self, engine: Engine, settings: ServerSettings) -> None:
-        self.engine = engine
+class LeylineService(Generic[H]):
+    def __init__(
+        self,
+        backend: Backend[H],
+        runner: Runner[H],
+        settings: ServerSettings,
+        *,
+        model_name: str,
+    ) -> None:
+        self.backend = backend
+        self.runner = runner
         self.settings = settings
-        self.model_name = settings.served_model_name or engine.loaded.name
+        self.model_name = model_name
         self.metrics = Metrics()
-        self.backend = EngineBackend(engine, limits=settings.limits, model_name=self.model_name)
-        self.sessions: SessionStore[SessionCache] = SessionStore(
-            self.backend,
+        self.sessions: SessionStore[H] = SessionStore(
+            backend,
             max_sessions=settings.max_sessions,
             max_cache_bytes=settings.max_cache_bytes,
+            tenant_max_sessions=settings.tenant_max_sessions,
+            tenant_max_cache_bytes=settings.tenant_max_cache_bytes,
             on_evict=self._evicted,
         )
-        self.core = SessionService(self.backend, self.sessions, on_op=self.metrics.record_cache_op)
-
-    # -- the worker -------------------------------------------------------------------
-
-    async def run(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the model worker and await it."""
-        return await self.backend.run(fn)
-
-    def shutdown(self) -> None:
-        self.backend.shutdown()
+        self.core = SessionService(backend, self.sessions, on_op=self.metrics.record_cache_op)
 
     def _evicted(self, evicted: Evicted) -> None:
         self.metrics.evicted_sessions.labels(evicted.why).inc()
 
     # -- capabilities, sessions, tokens ----------------------------------------------------
 
-    @property
-    def renderer(self) -> ChatRenderer | None:
-        return self.backend.renderer
-
     def capabilities(self) -> Capabilities:
         return self.backend.capabilities()
 
-    def session_info(
-        self, session: Session[SessionCache], include_tokens: bool = False
-    ) -> SessionInfo:
+    def session_info(self, session: Session[H], include_tokens: bool = False) -> SessionInfo:
         return self.core.info(session, include_tokens)
 
-    def require_renderer(self) -> ChatRenderer:
-        return self.backend.require_renderer()
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.runner.decode(tokens)
 
     # -- the request path -------------------------------------------------------------------
 
@@ -122,10 +97,7 @@ class LeylineService:
             request.token_budget(self.settings.max_new_tokens),
             request.top_logprobs if request.logprobs else None,
         )
-        renderer = self.require_renderer()
-        rendered = await asyncio.to_thread(
-            renderer.render, request.messages, request.tools, add_generation_prompt=True
-        )
+        rendered = await asyncio.to_thread(self.runner.render, request.messages, request.tools)
         reply = await self._serve(
             tenant,
             request.cache_salt,
@@ -153,7 +125,7 @@ class LeylineService:
             request, request.max_tokens or self.settings.max_new_tokens, request.logprobs
         )
         if isinstance(request.prompt, str):
-            tokens = await asyncio.to_thread(self.engine.encode, request.prompt)
+            tokens = await asyncio.to_thread(self.backend.encode, request.prompt)
         else:
             tokens = tuple(request.prompt)
         return await self._serve(
@@ -180,7 +152,7 @@ class LeylineService:
         tenant: str,
         cache_salt: str | None,
         prompt: Sequence[int],
-        rendered: RenderedChat | None,
+        rendered: Rendered | None,
         leyline: LeylineRequest | None,
         params: SamplingParams,
         on_token: OnToken | None,
@@ -189,18 +161,40 @@ class LeylineService:
         t0 = time.perf_counter()
         leyline = leyline or LeylineRequest()
         _check_request(leyline)
-        check_tokens(prompt, self.engine.vocab_size, self.backend.limits, "prompt")
+        if cache_salt is not None:
+            self.core.check_salt(cache_salt)
+        check_tokens(prompt, self.backend.vocab_size, self.backend.limits, "prompt")
         _check_room(prompt, self.backend.limits.max_session_tokens)
+        first: list[float] = []
+
+        def tick(token: int) -> bool:
+            if not first:
+                first.append(time.perf_counter() - t0)
+            return on_token(token) if on_token is not None else True
+
+        def turn(
+            handle: H, plan: EditPlan | None, prompt: Sequence[int], rendered: Rendered | None
+        ) -> Turn[H]:
+            return Turn(
+                handle,
+                plan,
+                tuple(prompt),
+                rendered.spans if rendered is not None else None,
+                params,
+                tick,
+                cancelled,
+                leyline.options.allow_fallback,
+            )
+
         if leyline.session is None:
             # Stateless: a throwaway session outside the store (it still reuses and feeds
             # the shared prefix cache).
             handle = self.backend.open(salt_of(tenant, cache_salt))
             try:
-                return await self._run_on(
-                    handle, None, None, prompt, rendered, params, on_token, cancelled, t0
-                )
+                outcome = await self.runner.run(turn(handle, None, prompt, rendered))
             finally:
                 self.backend.close(handle)
+            return self._reply(None, None, prompt, outcome, first, t0)
         created = False
         if leyline.directives or self.sessions.exists(tenant, leyline.session):
             session = self.sessions.get(tenant, leyline.session)
@@ -209,96 +203,46 @@ class LeylineService:
             created = True
         try:
             async with self.sessions.lease(session):
-                check_revision(session.handle.view, leyline.base_revision)
-                if rendered is not None and not leyline.directives:
-                    adopted = adopt_generated_ids(
-                        session.handle.tokens,
-                        prompt,
-                        rendered.spans,
-                        self.engine.decode,
-                        self.engine.loaded.eos_token_ids,
-                    )
-                    if adopted is not None:  # the reply came back as it was generated
-                        prompt = adopted[0]
-                        rendered = replace(rendered, tokens=adopted[0], spans=adopted[1])
-                _check_room(prompt, self.backend.limits.max_session_tokens)
+                view = self.backend.view(session.handle)
+                check_revision(view, leyline.base_revision)
                 plan = None
                 if leyline.directives:
                     plan = await self.core.plan(session, leyline.directives, leyline.base_revision)
-                return await self._run_on(
-                    session.handle,
-                    session.id,
-                    plan,
-                    prompt,
-                    rendered,
-                    params,
-                    on_token,
-                    cancelled,
-                    t0,
-                    allow_fallback=leyline.options.allow_fallback,
-                )
+                if rendered is not None:
+                    # Against what the session holds once the directives ran: a reply sent
+                    # back as it was generated keeps its ids, edited or not.
+                    adopted = adopt_generated_ids(
+                        plan.tokens if plan is not None else view.tokens,
+                        prompt,
+                        rendered.spans,
+                        self.runner.decode,
+                        self.runner.stop_token_ids,
+                    )
+                    if adopted is not None:
+                        prompt, rendered = adopted[0], Rendered(*adopted)
+                _check_room(prompt, self.backend.limits.max_session_tokens)
+                outcome = await self.runner.run(turn(session.handle, plan, prompt, rendered))
+                return self._reply(session.id, plan, prompt, outcome, first, t0)
         except BaseException:
             if created and self.sessions.exists(tenant, session.id):
                 self.sessions.delete(tenant, session.id)  # a rejected request creates nothing
             raise
 
-    async def _run_on(
+    def _reply(
         self,
-        handle: SessionCache,
         session_id: str | None,
         plan: EditPlan | None,
         prompt: Sequence[int],
-        rendered: RenderedChat | None,
-        params: SamplingParams,
-        on_token: OnToken | None,
-        cancelled: IsCancelled,
+        outcome: Outcome,
+        first: list[float],
         t0: float,
-        *,
-        allow_fallback: bool = True,
     ) -> Reply:
-        def work() -> Reply:
-            if cancelled():
-                raise Cancelled  # the client left while this waited in the queue
-            return self._generate(
-                handle, session_id, plan, prompt, rendered, params, on_token, t0, allow_fallback
-            )
-
-        return await self.backend.run(work)
-
-    def _generate(
-        self,
-        session: SessionCache,
-        session_id: str | None,
-        plan: EditPlan | None,
-        prompt: Sequence[int],
-        rendered: RenderedChat | None,
-        params: SamplingParams,
-        on_token: OnToken | None,
-        t0: float,
-        allow_fallback: bool,
-    ) -> Reply:
-        """On the worker: the edit, the prompt's prefill, the generation."""
-        edit: OpReport | None = None
-        if plan is not None:
-            edit = session.execute(plan, allow_fallback=allow_fallback)
-        edited = session.tokens
-        if rendered is not None:
-            spans = rendered.spans
-        else:  # token ids: the messages the prompt still holds keep their spans
-            kept = common_prefix(edited, prompt)
-            spans = tuple(span for span in session.spans if span.end <= kept)
-        prefill = session.prefill(prompt, spans=spans)
-        first: list[float] = []
-
-        def tick(token: int) -> bool:
-            if not first:
-                first.append(time.perf_counter() - t0)
-            return on_token(token) if on_token is not None else True
-
-        generation = session.generate(params, on_token=tick)
-        report = _combine(edit, prefill, edited, prompt)
-        response = report.to_response(session_id, tuple(spans))
+        generation = outcome.generation
+        report = _combine(outcome.edit, outcome.prefill, outcome.edited, prompt)
+        response = report.to_response(session_id, outcome.spans)
         response = response.model_copy(update={"revision": generation.revision})
+        if plan is not None:
+            response = with_composed(response, plan)
         self.metrics.record_cache_op(response)
         self.metrics.generated.inc(len(generation.tokens))
         ttft = first[0] if first else time.perf_counter() - t0

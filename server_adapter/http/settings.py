@@ -31,6 +31,10 @@ class ServerSettings:
     max_sessions: int = 64
     max_cache_bytes: int = 4 * 1024**3
     """Budget for all session caches together; idle sessions are evicted LRU past it."""
+    tenant_max_sessions: int | None = None
+    """Sessions one tenant may hold (its own idle ones evicted LRU past it); None: no quota."""
+    tenant_max_cache_bytes: int | None = None
+    """KV bytes one tenant's sessions may hold (its own idle ones evicted past it)."""
     max_new_tokens: int = 256
     """Default completion length when the request names none."""
     served_model_name: str | None = None
@@ -45,6 +49,11 @@ class ServerSettings:
             "max_cache_bytes": self.max_cache_bytes,
             "max_new_tokens": self.max_new_tokens,
         }
+        quotas = {
+            "tenant_max_sessions": self.tenant_max_sessions,
+            "tenant_max_cache_bytes": self.tenant_max_cache_bytes,
+        }
+        positive.update((name, value) for name, value in quotas.items() if value is not None)
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
@@ -67,6 +76,8 @@ class ServerSettings:
             max_replacement_tokens=self.max_replacement_tokens,
             max_session_tokens=self.max_session_tokens,
             max_sessions=self.max_sessions,
+            tenant_max_sessions=self.tenant_max_sessions,
+            tenant_max_cache_bytes=self.tenant_max_cache_bytes,
         )
 
 

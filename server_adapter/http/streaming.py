@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from pydantic import BaseModel
 
@@ -23,7 +23,7 @@ class DeltaText:
     """
 
     def __init__(
-        self, decode: Callable[[Sequence[int]], str], stops: Sequence[str], hidden: Sequence[int]
+        self, decode: Callable[[Sequence[int]], str], stops: Sequence[str], hidden: Collection[int]
     ) -> None:
         self._decode = decode
         self._holdback = max((len(s) for s in stops), default=1) - 1

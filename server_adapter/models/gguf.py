@@ -70,7 +70,7 @@ def _convert(gguf: Path, out: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kw)
     # save_pretrained refuses a model that still looks quantized; the weights are
     # de-quantized fp32 by now, so drop the GGUF quantizer bookkeeping.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # torch types Module.__setattr__ narrowly
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(str(out), safe_serialization=True)

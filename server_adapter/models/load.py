@@ -53,5 +53,5 @@ def _load_hf_dir(
     except (OSError, ValueError):
         tokenizer = None  # a weights-only directory: the caller addresses it in token ids
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, **kw)
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]  # transformers' eval() is unannotated
     return LoadedModel(model, tokenizer, name, source or str(directory))

@@ -95,7 +95,7 @@ def verify_copy(directory: Path, source: dict[str, object], *, full: bool = Fals
 def ensure_copy(
     directory: Path,
     source: dict[str, object],
-    build: Callable[[Path], None],
+    build: Callable[[Path], object],
 ) -> Path:
     """Return ``directory`` holding a verified copy, building it with ``build(tmpdir)`` if needed.
 

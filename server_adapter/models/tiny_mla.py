@@ -76,11 +76,14 @@ def build_tiny_mla(
 ) -> LoadedModel:
     """A seeded random DeepSeek-``version`` causal LM (no tokenizer: address it in token ids)."""
     config = tiny_mla_config(version, rope_parameters=rope_parameters, **overrides)
-    model_cls = DeepseekV2ForCausalLM if version == "v2" else DeepseekV3ForCausalLM
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = model_cls(config)
-    model = model.to(dtype).eval()
+        model: DeepseekV2ForCausalLM | DeepseekV3ForCausalLM
+        if isinstance(config, DeepseekV2Config):  # version "v2"
+            model = DeepseekV2ForCausalLM(config)
+        else:
+            model = DeepseekV3ForCausalLM(config)
+    model = model.to(dtype).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) stub
     name = f"tiny-mla-{version}"
     return LoadedModel(model, None, name, f"random:{name}:seed={seed}", random_weights=True)
 

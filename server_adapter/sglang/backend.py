@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from leyline.protocol import (
     PROTOCOL_VERSION,
@@ -28,13 +28,18 @@ from leyline.protocol import (
     Verb,
 )
 from leyline.protocol.algebra import Edit
-from leyline.protocol.resources import Message
+from leyline.protocol.resolve import SkillTokens
+from leyline.protocol.resources import Message, SkillInfo
 from leyline.protocol.spans import MessageSpan
 
-from ..core.backend import Rendered
+from ..core.backend import Rendered, SkillLabel
 from ..core.batch import EditPlan, SessionView, common_prefix
 from ..core.report import OpReport
 from ..errors import SpliceUnsupportedError
+
+if TYPE_CHECKING:
+    from ..chat.render import ChatRenderer
+    from ..http.openai_types import ChatMessage, ToolSpec
 
 EXECUTED_VERBS = (Verb.splice, Verb.forget, Verb.erratum)
 #: The cache layouts the scheduler side can rotate (``kv_rows``).
@@ -94,6 +99,7 @@ class SglangBackend:
         self._limits = limits
         self._vocab_size = vocab_size
         self.model_name = model_name
+        self._renderer: ChatRenderer | None = None
 
     @property
     def limits(self) -> Limits:
@@ -110,6 +116,11 @@ class SglangBackend:
             architectures=list(LAYOUTS),
             models=[self.model_name] if self.model_name else [],
             limits=self._limits,
+            # SGLang maps no API key to a tenant (the plugin adds no access layer), and its
+            # radix tree is one cache for the whole server, which the plugin cannot salt
+            # (``open``): a session's cache_salt is refused rather than ignored.
+            tenants=False,
+            cache_salt=False,
         )
 
     def _require_tokenizer(self, field_name: str) -> Any:
@@ -138,19 +149,53 @@ class SglangBackend:
         *,
         add_generation_prompt: bool,
     ) -> Rendered:
-        # The reference server's renderer over SGLang's own (HF) tokenizer: same template,
-        # same message spans, so message anchors resolve here as they do there.
-        from ..chat.render import ChatRenderer, ChatTemplateError
         from ..http.openai_types import parse_chat
 
-        tokenizer = self._require_tokenizer("messages")
-        try:
-            renderer = ChatRenderer(tokenizer)
-        except ChatTemplateError as exc:
-            raise LeylineError(ErrorCode.invalid_directive, str(exc), "messages") from None
+        self._require_tokenizer("messages")
         chat, specs = parse_chat(messages, tools)
-        out = renderer.render(chat, specs, add_generation_prompt=add_generation_prompt)
+        return self.render_chat(chat, specs, add_generation_prompt=add_generation_prompt)
+
+    def render_chat(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None,
+        *,
+        add_generation_prompt: bool,
+    ) -> Rendered:
+        """Parsed messages (a chat request's) rendered with the reference server's renderer
+        over SGLang's own (HF) tokenizer: same template, same message spans, so message
+        anchors resolve here as they do there."""
+        from ..chat.render import ChatRenderer, ChatTemplateError
+
+        tokenizer = self._require_tokenizer("messages")
+        if self._renderer is None:
+            try:
+                self._renderer = ChatRenderer(tokenizer)
+            except ChatTemplateError as exc:
+                raise LeylineError(ErrorCode.invalid_directive, str(exc), "messages") from None
+        out = self._renderer.render(
+            list(messages), list(tools or []), add_generation_prompt=add_generation_prompt
+        )
         return Rendered(out.tokens, out.spans)
+
+    # -- skills: compose is not executed here (docs/sglang.md), so none are kept ---------
+
+    def skill_tokens(self, tenant: str) -> SkillTokens | None:
+        return None
+
+    async def register_skill(
+        self, tenant: str, skill_id: str, tokens: Sequence[int], label: SkillLabel
+    ) -> SkillInfo:
+        raise _no_compose()
+
+    def skill_info(self, tenant: str, skill_id: str, include_tokens: bool) -> SkillInfo:
+        raise _no_compose()
+
+    def list_skills(self, tenant: str) -> list[SkillInfo]:
+        raise _no_compose()
+
+    def delete_skill(self, tenant: str, skill_id: str) -> None:
+        raise _no_compose()
 
     # -- handles ------------------------------------------------------------------------
 
@@ -241,6 +286,12 @@ class SglangBackend:
             first_change=plan.result.first_change,
             fallback_reason=reason,
         )
+
+
+def _no_compose() -> LeylineError:
+    return LeylineError(
+        ErrorCode.unsupported_verb, "the SGLang plugin does not execute compose", "skill"
+    )
 
 
 def _checked(out: SchedulerAnswer) -> SchedulerAnswer:

@@ -10,8 +10,10 @@ One call, all-or-nothing:
 3. Fresh slots are allocated for the rest, page-aligned; each kept run is copied into them
    with its rope band rotated by the run's delta; inserted runs are written from rows the
    caller supplies. An inserted run with no rows stops the build there: the outcome asks
-   for ``new_tokens[:pending_prefill]`` to be prefilled by an ordinary generate (which
-   hits everything built so far), and the call is repeated.
+   for ``new_tokens[:pending_prefill]`` (to the end of the run's last page) to be
+   prefilled by an ordinary generate (which hits everything built so far), and the call
+   is repeated. A kept run's source is needed only as far as the build goes: the old
+   sequence's partial last page, which the tree never holds, ends the build.
 4. The request's token -> slot row is rebuilt in ``ReqToTokenPool`` and the new sequence's
    full pages are inserted into the tree. A partial last page cannot be (the tree holds
    whole pages): its slots are freed and the generate re-prefills it (``page_alignment``).
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -35,7 +37,7 @@ from leyline.protocol.fallback import FallbackReason
 from leyline.server_adapter.errors import SpliceUnsupportedError
 
 from .kv_rows import KVRows
-from .page_align import floor_page
+from .page_align import ceil_page, floor_page
 from .tree_ops import Match, TreeOps
 
 #: Rows for one inserted run, per layer, as ``KVRows.write`` takes them; keyed by the run's
@@ -102,26 +104,30 @@ class SpliceExecutor:
         new_match = self.tree.match(new)
         locks = [self.tree.lock(old_match.node), self.tree.lock(new_match.node)]
         try:
-            return self._build(result, old_match, new_match, inserted_rows or {})
+            return self._build(result, len(old_tokens), old_match, new_match, inserted_rows or {})
         finally:
             for handle in reversed(locks):
                 self.tree.unlock(handle)
 
     def _build(
-        self, result: EditResult, old: Match, new_match: Match, inserted_rows: InsertedRows
+        self,
+        result: EditResult,
+        n_old: int,
+        old: Match,
+        new_match: Match,
+        inserted_rows: InsertedRows,
     ) -> SpliceOutcome:
         new = result.tokens
         base = new_match.length
-        segments, stop, pending = self._plan(result.runs, base, old, inserted_rows)
+        segments, stop, pending = self._plan(result.runs, base, old, n_old, inserted_rows)
         end = floor_page(stop, self.page_size)  # the tree takes whole pages only
+        reason = self._reason(stop, pending)
         segments = [_clip(s, end) for s in segments if s.new_start < end]
         reused = sum(
             min(len(r), max(0, end - r.new_start)) for r in result.runs if r.kind == "kept"
         )
         if end <= base:
-            return SpliceOutcome(
-                new, base, min(reused, base), 0, 0, pending, self._reason(stop, pending)
-            )
+            return SpliceOutcome(new, base, min(reused, base), 0, 0, pending, reason)
         fresh = self._alloc(end - base)
         try:
             for seg in segments:
@@ -144,13 +150,26 @@ class SpliceExecutor:
             rotated_tokens=sum(s.new_end - s.new_start for s in segments if s.delta != 0),
             written_tokens=sum(s.new_end - s.new_start for s in segments if s.old_start is None),
             pending_prefill=pending,
-            fallback_reason=self._reason(stop, pending),
+            fallback_reason=reason,
         )
 
     def _plan(
-        self, runs: Sequence[Run], base: int, old: Match, inserted_rows: InsertedRows
+        self,
+        runs: Sequence[Run],
+        base: int,
+        old: Match,
+        n_old: int,
+        inserted_rows: InsertedRows,
     ) -> tuple[list[_Segment], int, int | None]:
-        """Segments to build from ``base`` on; where the build stops; what to prefill."""
+        """Segments to build from ``base`` on; where the build stops; what to prefill.
+
+        The source is required only for what is built: the tree never holds a sequence's
+        partial last page (nor a generation's last, sampled token), so a kept run reaching
+        into them is built up to what is cached and the build stops there (the generate
+        re-prefills the rest: a page's worth at most).
+        """
+        page = self.page_size
+        n_new = runs[-1].new_end if runs else 0
         segments: list[_Segment] = []
         for run in runs:
             if run.new_end <= base:
@@ -160,23 +179,39 @@ class SpliceExecutor:
                 assert run.old_start is not None
                 old_start = run.old_start + (start - run.new_start)
                 if run.old_start + len(run) > old.length:
-                    raise SpliceUnsupportedError(
-                        FallbackReason.missing_source,
-                        f"old tokens [{old_start}, {run.old_start + len(run)}) are no longer "
-                        f"cached (the tree holds {old.length})",
-                    )
+                    # The tree never holds an old sequence's partial last page, nor the last
+                    # token a generation sampled (its KV was never computed).
+                    if old.length < floor_page(n_old - 1, page):
+                        raise SpliceUnsupportedError(
+                            FallbackReason.missing_source,
+                            f"old tokens [{old_start}, {run.old_start + len(run)}) are no "
+                            f"longer cached (the tree holds {old.length})",
+                        )
+                    cut = max(start, run.new_start + old.length - run.old_start)
+                    if cut > start:
+                        segments.append(_Segment(start, cut, old_start, run.delta))
+                    return segments, cut, None
                 segments.append(_Segment(start, run.new_end, old_start, run.delta))
             elif start == run.new_start and run.new_start in inserted_rows:
                 segments.append(_Segment(start, run.new_end, None, 0, inserted_rows[run.new_start]))
             else:
-                # No KV for this run: a generate of exactly up to its end prefills it (a
-                # generate caches its whole prompt, verified live; one token more would give
-                # the first downstream token fresh KV instead of its old KV rotated). Should
-                # a server cache less, the repeated request ends in a typed fallback.
-                return segments, start, run.new_end
-        return segments, runs[-1].new_end if runs else 0, None
+                # No KV for this run: a generate up to the end of its last page prefills it
+                # (a generate caches every whole page of its prompt, verified live). With page
+                # size 1 that is exactly its end: one token more would give the first
+                # downstream token fresh KV instead of its old KV rotated; with pages, the
+                # downstream tokens sharing its last page get fresh KV, as the unchanged
+                # tokens sharing the edit's first page do. If no whole page can be added
+                # (the run sits in the new sequence's partial last page), the build stops.
+                want = min(ceil_page(run.new_end, page), n_new)
+                if floor_page(want, page) <= start:
+                    return segments, start, None
+                return segments, start, want
+        return segments, n_new, None
 
     def _reason(self, stop: int, pending: int | None) -> FallbackReason | None:
+        """``page_alignment`` when the build rounds down to a page: tokens it could have
+        built (from cached KV) are left to the generate. A tail whose source was never
+        cached (an old partial page, a generation's last token) is no fallback."""
         if pending is None and stop % self.page_size:
             return FallbackReason.page_alignment
         return None
@@ -192,7 +227,7 @@ class SpliceExecutor:
                 f"the KV pool has no room for the {n} slots this splice needs, even after "
                 "eviction; retry later or send the edited prompt instead",
             )
-        return slots.to(torch.int64)
+        return cast(torch.Tensor, slots.to(torch.int64))
 
     def _token_row(self, slots: torch.Tensor) -> torch.Tensor:
         """Write the spliced sequence's token -> slot row, as a request of it would hold."""
@@ -204,7 +239,7 @@ class SpliceExecutor:
             return slots
         try:
             pool.write((rows[0], slice(0, len(slots))), slots.to(pool.req_to_token.dtype))
-            return pool.req_to_token[rows[0], : len(slots)].to(torch.int64)
+            return cast(torch.Tensor, pool.req_to_token[rows[0], : len(slots)].to(torch.int64))
         finally:
             pool.free_rows(rows)
 

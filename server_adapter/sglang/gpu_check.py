@@ -63,7 +63,9 @@ def _rotate_at(raw: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tenso
 
 
 def _pair_ulp(ref: torch.Tensor) -> torch.Tensor:
-    pair = ref.abs().unflatten(-1, (-1, 2)).amax(-1, keepdim=True).expand(-1, -1, 2).flatten(-2)
+    pair = (
+        torch.unflatten(ref.abs(), -1, (-1, 2)).amax(-1, keepdim=True).expand(-1, -1, 2).flatten(-2)
+    )
     return torch.pow(2.0, torch.floor(torch.log2(pair.clamp_min(1e-30))) - 7)
 
 
@@ -122,7 +124,7 @@ def check_engine(device: torch.device, context: int, span: int, runs: int) -> di
     from leyline.server_adapter.session import SessionCache
 
     loaded = build_tiny_mla("v2")
-    loaded.model.to(device)
+    loaded.model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) stub
     engine = Engine(loaded)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(3, engine.vocab_size, (context,), generator=g).tolist()

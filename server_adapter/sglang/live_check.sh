@@ -3,6 +3,8 @@
 #
 #   bash server_adapter/sglang/live_check.sh        # after `make setup` (the main .venv)
 #   LEYLINE_SGLANG_LIVE_EXTRA=1 bash server_adapter/sglang/live_check.sh   # + two servers
+#   LEYLINE_SGLANG_DEVICE=cuda LEYLINE_SGLANG_VENV=/path/to/sglang-venv \
+#     bash server_adapter/sglang/live_check.sh   # the same checks on a GPU (docs/sglang.md)
 #
 # Builds or reuses .venv-sglang (setup_env.sh), then for SmolLM2 (GQA) and a tiny random
 # DeepSeek-V2 (MLA), one at a time (a server peaks at ~3.4 GB): start a server with the
@@ -42,8 +44,25 @@ stop_all() {
 trap stop_all EXIT
 trap 'exit 130' INT TERM
 
-say "1/3 .venv-sglang (built once, reused while the pins match)"
-bash server_adapter/sglang/setup_env.sh | sed 's/^/    /'
+if [[ ${LEYLINE_SGLANG_DEVICE:-cpu} == cpu ]]; then
+  say "1/3 .venv-sglang (built once, reused while the pins match)"
+  bash server_adapter/sglang/setup_env.sh | sed 's/^/    /'
+else
+  # A GPU: the user's own SGLang venv (LEYLINE_SGLANG_VENV), with this repository installed.
+  sglang_python=${LEYLINE_SGLANG_VENV:?set LEYLINE_SGLANG_VENV to a venv with sglang on CUDA}/bin/python
+  say "1/3 $sglang_python: sglang, CUDA and the plugin's entry point"
+  "$sglang_python" - <<'PY'
+import importlib.metadata as md
+
+import torch
+
+assert md.version("sglang") == "0.5.23", md.version("sglang")
+assert torch.cuda.is_available(), "no CUDA device"
+points = md.entry_points(group="sglang.srt.plugins")
+assert any(p.name == "leyline" for p in points), "pip install -e . into this venv first"
+print(f"    sglang 0.5.23, torch {torch.__version__}, {torch.cuda.get_device_name()}")
+PY
+fi
 
 say "2/3 model directories (from the main venv's SmolLM2 wheel; built once into the cache)"
 declare -A dirs

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Start or stop one live SGLang 0.5.23 server on CPU with the Leyline plugin loaded.
+# Start or stop one live SGLang 0.5.23 server with the Leyline plugin loaded: on CPU (the
+# default), or on a GPU with LEYLINE_SGLANG_DEVICE=cuda (a user's SGLang install; see below).
 #
 #   bash server_adapter/sglang/live_server.sh start RUN_DIR MODEL_DIR PORT [LAUNCH_FLAG...]
 #   bash server_adapter/sglang/live_server.sh stop RUN_DIR
@@ -15,10 +16,17 @@
 # (tests/sglang/_stubs) and vllm._custom_ops plus a small test plugin (tests/sglang_live/
 # _stubs: torch_native -> absorbed MLA path, and the rotation-off switch read from the file
 # named by LEYLINE_LIVE_ROTATION_OFF_FLAG, if that is set). See docs/sglang.md, "Live on CPU".
+#
+# LEYLINE_SGLANG_DEVICE=cuda: SGLang's GPU defaults plus fp32 on the triton attention backend
+# (the live tests compare against the reference engine in fp32), in the venv named by
+# LEYLINE_SGLANG_VENV (sglang==0.5.23 with its CUDA stack, and `pip install -e .` of this
+# repository); only the test plugin goes on the path (the CPU stand-ins would shadow real
+# packages there).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 venv=${LEYLINE_SGLANG_VENV:-$root/.venv-sglang}
+device=${LEYLINE_SGLANG_DEVICE:-cpu}
 start_timeout=${LEYLINE_SGLANG_START_TIMEOUT:-300}
 say() { printf '[sglang live] %s\n' "$*"; }
 
@@ -49,16 +57,29 @@ start() {
   shift 3
   mkdir -p "$run"
   [[ ! -f $run/server.pid ]] || { say "a server is already recorded in $run" >&2; exit 1; }
-  local stubs="$root/tests/sglang/_stubs:$root/tests/sglang_live/_stubs"
-  # SGLANG_USE_CPU_ENGINE stays unset: it selects SGLang's AMX engine, which imports sgl_kernel.
+  local stubs flags
+  case $device in
+    cpu)
+      stubs="$root/tests/sglang/_stubs:$root/tests/sglang_live/_stubs"
+      # SGLANG_USE_CPU_ENGINE stays unset: it selects SGLang's AMX engine (sgl_kernel).
+      flags=(--device cpu --attention-backend torch_native
+        --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled
+        --dtype float32 --mem-fraction-static 0.1 --max-total-tokens 12288 --sleep-on-idle) ;;
+    cuda)
+      stubs="$run/plugin-path"
+      mkdir -p "$stubs"
+      ln -sf "$root/tests/sglang_live/_stubs/leyline_live_shims.py" \
+        "$root/tests/sglang_live/_stubs/leyline_live_shims-0.0.0.dist-info" "$stubs/"
+      flags=(--device cuda --attention-backend triton --dtype float32
+        --mem-fraction-static 0.3) ;;
+    *) say "LEYLINE_SGLANG_DEVICE must be cpu or cuda, not $device" >&2; exit 2 ;;
+  esac
   PYTHONPATH="$stubs${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     setsid "$venv/bin/python" -m sglang.launch_server --model-path "$model" \
-    --host 127.0.0.1 --port "$port" --device cpu --attention-backend torch_native \
-    --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled \
-    --dtype float32 --mem-fraction-static 0.1 --max-total-tokens 12288 --sleep-on-idle \
+    --host 127.0.0.1 --port "$port" "${flags[@]}" \
     --log-level info "$@" </dev/null >"$run/server.log" 2>&1 &
   echo $! >"$run/server.pid"
-  say "starting $(basename "$model") on 127.0.0.1:$port (pid $!, log $run/server.log)"
+  say "starting $(basename "$model") on $device, 127.0.0.1:$port (pid $!, log $run/server.log)"
   local t0=$SECONDS url=http://127.0.0.1:$port
   until ready "$url"; do
     if ! kill -0 "$(cat "$run/server.pid")" 2>/dev/null; then

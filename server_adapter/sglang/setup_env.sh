@@ -34,8 +34,9 @@ requirements=(
 # What a live server (`python -m sglang.launch_server`, make sglang-live-check) imports on top
 # of the cache classes: each one a ModuleNotFoundError or FastAPI RuntimeError at launch.
 server_requirements=(uvloop python-multipart jsonschema xgrammar==0.2.7 soundfile==0.13.1)
-# The Leyline side: the SDK's own dependencies come with `-e .`; the tests need these.
-leyline_extras=(httpx tiktoken safetensors pytest hypothesis)
+# The Leyline side: the SDK's own dependencies come with `-e .`; the tests and the plugin's
+# chat routes (the reference server's metrics) need these.
+leyline_extras=(httpx tiktoken safetensors pytest hypothesis prometheus_client)
 
 # shellcheck source=../../.ci/venv_lib.sh
 source "$root/.ci/venv_lib.sh"

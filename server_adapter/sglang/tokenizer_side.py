@@ -3,12 +3,15 @@
 Hooked after ``TokenizerManager.init_communicators``: one more ``FanOutCommunicator`` (the
 class SGLang's own control requests use) sends ``LeylineSpliceReqInput`` to the scheduler and
 collects the ``LeylineSpliceReqOutput``. Then the session core's ``/leyline/v1`` routes, over
-an ``SglangBackend``, are mounted on SGLang's FastAPI app, if this process serves it.
+an ``SglangBackend``, are mounted on SGLang's FastAPI app, if this process serves it, with
+chat and completions requests that carry a ``leyline`` object (``openai_dispatch``);
+their generations are ordinary streamed generates (``TokenizerManagerLink.generate``).
 """
 
 from __future__ import annotations
 
 import sys
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,9 +19,14 @@ from leyline.protocol import Limits
 from leyline.protocol.algebra import Edit
 
 from ..core.routes import leyline_router
-from ..core.service import SessionService
-from ..core.sessions import SessionStore
-from .backend import SchedulerAnswer, SglangBackend
+from ..http.service import LeylineService
+from ..http.settings import ServerSettings
+from ..http.turns import OnToken
+from ..reports import TokenChoice
+from ..sampling import SamplingParams
+from .backend import SchedulerAnswer, SglangBackend, SglangSession
+from .openai_dispatch import LeylineDispatch, leyline_openai_app
+from .runner import Generated, SglangRunner
 from .wire import LeylineSpliceReqOutput, from_wire, to_wire
 
 
@@ -44,6 +52,87 @@ class TokenizerManagerLink:
         )
         async for _ in self.tm.generate_request(obj, None):
             pass
+
+    async def generate(
+        self, tokens: Sequence[int], params: SamplingParams, on_token: OnToken
+    ) -> Generated:
+        """An ordinary streamed generate of ``tokens``; stopped (aborted) when ``on_token``
+        says so, e.g. because the client went away."""
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        top = params.logprobs
+        obj = GenerateReqInput(
+            input_ids=list(tokens),
+            sampling_params=sampling_params(params),
+            rid=f"leyline-{uuid.uuid4().hex}",
+            stream=True,
+            return_logprob=top is not None,
+            top_logprobs_num=top or 0,
+            logprob_start_len=-1,
+        )
+        incremental = bool(getattr(self.tm, "incremental_streaming_output", False))
+        ids: list[int] = []
+        pieces: list[str] = []
+        choices: list[TokenChoice] = []
+        last: dict[str, Any] = {}
+        stopped = False
+        async for out in self.tm.generate_request(obj, None):
+            last = out
+            new = list(out.get("output_ids") or [])
+            new = new if incremental else new[len(ids) :]
+            if incremental:  # text and logprobs come as deltas too
+                pieces.append(out["text"] if isinstance(out.get("text"), str) else "")
+                choices.extend(_choices(out.get("meta_info", {})) if top is not None else ())
+            for token in new:
+                ids.append(int(token))
+                if not stopped and not on_token(int(token)):
+                    stopped = True
+            if stopped:
+                self.tm.abort_request(rid=obj.rid)
+                break
+        meta = last.get("meta_info", {})
+        finish = meta.get("finish_reason") or {}
+        # SGLang's own text (special tokens skipped, a stop string cut), unless it stopped
+        # early on our side: then what was generated so far.
+        text = "".join(pieces) if incremental else last.get("text")
+        if stopped or not isinstance(text, str):
+            tokenizer = self.tm.tokenizer
+            text = tokenizer.decode(ids, skip_special_tokens=True) if tokenizer else ""
+        return Generated(
+            ids=tuple(ids),
+            text=text,
+            finish_reason="length" if finish.get("type") == "length" else "stop",
+            cached_tokens=int(meta.get("cached_tokens", 0)),
+            logprobs=tuple(choices) if incremental else _choices(meta) if top is not None else (),
+        )
+
+
+def sampling_params(params: SamplingParams) -> dict[str, Any]:
+    """Leyline's checked sampling fields as SGLang's ``sampling_params``."""
+    out: dict[str, Any] = {
+        "max_new_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p if params.top_p is not None else 1.0,
+    }
+    if params.top_k is not None:
+        out["top_k"] = params.top_k
+    if params.seed is not None:
+        out["sampling_seed"] = params.seed
+    if params.stop:
+        out["stop"] = list(params.stop)
+    if params.stop_token_ids is not None:
+        out["stop_token_ids"] = list(params.stop_token_ids)
+    return out
+
+
+def _choices(meta: dict[str, Any]) -> tuple[TokenChoice, ...]:
+    """SGLang's ``(logprob, id, text)`` triples as Leyline's token choices."""
+    chosen = meta.get("output_token_logprobs") or []
+    tops = meta.get("output_top_logprobs") or [[] for _ in chosen]
+    return tuple(
+        TokenChoice(int(c[1]), float(c[0]), tuple((int(t[1]), float(t[0])) for t in top or []))
+        for c, top in zip(chosen, tops, strict=False)
+    )
 
 
 def backend_for(tokenizer_manager: Any) -> SglangBackend:
@@ -73,6 +162,26 @@ def install(tokenizer_manager: Any) -> None:
     )
     server = sys.modules.get("sglang.srt.entrypoints.http_server")
     if server is not None and getattr(server, "app", None) is not None:
-        backend = backend_for(tokenizer_manager)
-        service = SessionService(backend, SessionStore(backend))
-        server.app.include_router(leyline_router(service))
+        mount(server.app, tokenizer_manager)
+
+
+def mount(app: Any, tokenizer_manager: Any) -> LeylineService[SglangSession]:
+    """The ``/leyline/v1`` routes, and chat / completions with a ``leyline`` object, on
+    SGLang's FastAPI ``app``: one service, so a session made by either is seen by both."""
+    backend = backend_for(tokenizer_manager)
+    link = backend.link
+    assert isinstance(link, TokenizerManagerLink)
+    runner = SglangRunner(backend, link, _stop_ids(tokenizer_manager))
+    service = LeylineService(backend, runner, ServerSettings(), model_name=backend.model_name)
+    app.include_router(leyline_router(service.core))
+    app.add_middleware(LeylineDispatch, leyline_app=leyline_openai_app(service))
+    return service
+
+
+def _stop_ids(tokenizer_manager: Any) -> tuple[int, ...]:
+    """The ids that end a generation by default (the model's end-of-sequence ids)."""
+    ids = getattr(tokenizer_manager.model_config, "hf_eos_token_id", None) or set()
+    tokenizer = tokenizer_manager.tokenizer
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids = set(ids) | {int(tokenizer.eos_token_id)}
+    return tuple(sorted(int(i) for i in ids))

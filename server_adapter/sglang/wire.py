@@ -20,13 +20,14 @@ from .backend import SchedulerAnswer
 WireEdit = tuple[int, int, list[int]]
 
 
-class LeylineSpliceReqInput(BaseReq, kw_only=True):
+# SGLang is not installed where mypy runs, so ``BaseReq`` (a msgspec Struct) is Any there.
+class LeylineSpliceReqInput(BaseReq, kw_only=True):  # type: ignore[misc, call-arg]
     verb: str  # "splice" or "forget"
     old_tokens: list[int]
     edits: list[WireEdit]
 
 
-class LeylineSpliceReqOutput(BaseReq, kw_only=True):
+class LeylineSpliceReqOutput(BaseReq, kw_only=True):  # type: ignore[misc, call-arg]  # as above
     ok: bool
     tokens: list[int] = msgspec.field(default_factory=list)
     cached_tokens: int = 0

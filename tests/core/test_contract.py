@@ -15,21 +15,22 @@ from typing import Any
 
 import pytest
 
-from leyline.protocol import ErrorCode, LeylineError, Limits, Path
+from leyline.protocol import ErrorCode, LeylineError, Limits, Path, Verb
 from leyline.protocol.algebra import Edit, apply_edits
 from leyline.protocol.directives import (
+    ComposeDirective,
     ErratumDirective,
     ForgetDirective,
     PinDirective,
     SpliceDirective,
 )
-from leyline.protocol.resources import ApplyDirectives, SessionCreate
+from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCreate
 from leyline.protocol.spans import MessageAnchor, TokenSpan
 from leyline.server_adapter.core.service import SessionService
 from leyline.server_adapter.core.sessions import SessionStore
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.engine_backend import EngineBackend
-from leyline.server_adapter.models import LoadedModel, load_model
+from leyline.server_adapter.models import LoadedModel
 from leyline.server_adapter.sglang.backend import SglangBackend
 
 from .scripted_scheduler import ScriptedScheduler
@@ -44,11 +45,6 @@ MESSAGES: list[dict[str, Any]] = [
     {"role": "user", "content": "When is the meeting?"},
 ]
 A, B = "tenant-a", "tenant-b"
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> LoadedModel:
-    return load_model("smollm2")
 
 
 @pytest.fixture(scope="module")
@@ -266,3 +262,24 @@ def test_a_session_that_cannot_be_kept_is_refused_not_created(engine: Engine) ->
         assert len(service.store) == 0
     finally:
         backend.shutdown()
+
+
+def test_compose_runs_where_capabilities_say_so_and_is_refused_elsewhere(
+    service: SessionService[Any],
+) -> None:
+    create(service, session="s", tokens=list(range(10, 60)))
+    before = state(service, "s")
+    body = SkillCreate(skill="rules", tokens=list(range(100, 120)))
+    compose = ComposeDirective(skill="rules", at=7)
+    if Verb.compose not in service.capabilities().verbs:  # SGLang: no skills kept
+        assert code_of(lambda: run(service.create_skill(A, body))) is ErrorCode.unsupported_verb
+        refused = code_of(lambda: apply(service, "s", before.revision, compose))
+        assert refused is ErrorCode.unsupported_verb
+        assert state(service, "s") == before
+        return
+    info = run(service.create_skill(A, body))
+    assert info.num_tokens == 20
+    assert code_of(lambda: run(service.get_skill(B, "rules", False))) is ErrorCode.unknown_skill
+    response = apply(service, "s", before.revision, compose)
+    assert [(b.start, b.end) for b in response.composed] == [(7, 27)]
+    assert state(service, "s").tokens == [*range(10, 17), *range(100, 120), *range(17, 60)]

@@ -241,7 +241,7 @@ def test_an_internal_value_error_is_a_logged_500(
     def broken(text: str) -> tuple[int, ...]:
         raise ValueError("an engine invariant broke")
 
-    engine = client.app.state.service.engine  # type: ignore[attr-defined]
+    engine = client.app.state.engine  # type: ignore[attr-defined]
     monkeypatch.setattr(engine, "encode", broken)
     with caplog.at_level(logging.ERROR, logger="leyline.server"):
         reply = client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2})

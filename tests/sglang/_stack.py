@@ -91,6 +91,25 @@ class Stack:
         assert prefix == 0, "prefill expects a fresh sequence"
         return slots
 
+    def extend(self, tokens: list[int], seed: int = 1) -> int:
+        """Stand-in for a generate of ``tokens`` whose prefix is cached: new KV for the
+        whole pages past the match (random, as ``prefill``), inserted after it. Returns
+        how many tokens were added."""
+        ops = TreeOps(self.tree)
+        match = ops.match(tokens)
+        page = self.pool.page_size
+        n = len(tokens) - len(tokens) % page
+        if n <= match.length:
+            return 0
+        fresh = self.allocator.alloc(n - match.length).to(torch.int64)
+        g = torch.Generator().manual_seed(seed)
+        for layer in range(LAYERS):
+            row = torch.randn(len(fresh), LORA + ROPE, generator=g)
+            self.pool.kv_buffer[layer][fresh] = row.to(self.pool.store_dtype).unsqueeze(1)
+        value = torch.cat([match.slots[: match.length].to(torch.int64), fresh])
+        assert ops.insert(tokens[:n], value, owned=match.length) == match.length
+        return n - match.length
+
     def snapshot(self) -> tuple[Any, ...]:
         free = sorted(_free_list(self.allocator).tolist())
         values = sorted(self.tree.all_values_flatten().tolist()) if self.tree_size() else []

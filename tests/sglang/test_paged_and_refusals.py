@@ -44,6 +44,60 @@ def test_paged_splice_rematches_full_pages_and_reports_the_partial_tail(kind: Tr
 
 
 @pytest.mark.parametrize("kind", TREE_KINDS)
+def test_paged_cut_needs_the_source_only_as_far_as_it_builds(kind: TreeKind) -> None:
+    """The old sequence ends mid-page (82 = 20 pages + 2): the tree never holds its last
+    two tokens, so the build stops where the cached source ends, instead of refusing."""
+    stack = build(kind, page_size=4)
+    old = list(range(100, 182))
+    stack.prefill(old)  # caches 80
+    out = stack.executor().splice(old, [Edit(21, 30)])  # 73 tokens; source cached to new 71
+    assert out.pending_prefill is None
+    assert out.cached_tokens == 68  # floor_page(71)
+    assert out.fallback_reason is FallbackReason.page_alignment
+    ops = TreeOps(stack.tree)
+    old_slots, new_slots = ops.match(old).slots, ops.match(list(out.tokens)).slots
+    assert len(new_slots) == 68
+    for buf in stack.pool.kv_buffer:  # downstream latents moved bitwise (rope band rotated)
+        assert torch.equal(buf[new_slots[21:68], 0, :LORA], buf[old_slots[30:77], 0, :LORA])
+    ops.evict_all()
+    assert free_slot_count(stack) == (stack.size, stack.size)
+
+
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_paged_replacement_is_prefilled_to_the_end_of_its_page(kind: TreeKind) -> None:
+    """A 2-token replacement at 21 ends mid-page (23): the plugin asks for a prefill to the
+    end of that page (24), which the tree can hold, so the repeated call builds the rest."""
+    stack = build(kind, page_size=4)
+    stack.prefill(OLD)
+    edits = [Edit(21, 30, (7, 8))]
+    first = stack.executor().splice(OLD, edits)
+    assert first.pending_prefill == 24
+    assert first.cached_tokens == 20
+    assert stack.extend(list(first.tokens[:24])) == 4
+    out = stack.executor().splice(OLD, edits)
+    assert out.pending_prefill is None
+    assert len(out.tokens) == 73
+    assert out.cached_tokens == 72
+    assert out.fallback_reason is FallbackReason.page_alignment  # 73 = 18 pages + 1
+    ops = TreeOps(stack.tree)
+    old_slots, new_slots = ops.match(OLD).slots, ops.match(list(out.tokens)).slots
+    for buf in stack.pool.kv_buffer:  # from the page after the replacement: old KV, moved
+        assert torch.equal(buf[new_slots[24:72], 0, :LORA], buf[old_slots[31:79], 0, :LORA])
+    ops.evict_all()
+    assert free_slot_count(stack) == (stack.size, stack.size)
+
+
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_paged_replacement_in_the_last_partial_page_stops_the_build(kind: TreeKind) -> None:
+    stack = build(kind, page_size=4)
+    stack.prefill(OLD)
+    out = stack.executor().splice(OLD, [Edit(78, 80, (7,))])  # 79 tokens: 19 pages + 3
+    assert out.pending_prefill is None  # no prefill could add a whole page
+    assert out.cached_tokens == 76
+    assert out.fallback_reason is FallbackReason.page_alignment
+
+
+@pytest.mark.parametrize("kind", TREE_KINDS)
 def test_missing_source_changes_nothing(kind: TreeKind) -> None:
     stack = build(kind)
     stack.prefill(OLD[:40])  # the cache lost the old sequence's tail

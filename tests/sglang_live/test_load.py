@@ -277,4 +277,7 @@ def test_concurrent_sessions_under_load(
     assert after == baseline, f"KV slots used at idle: {baseline} before, {after} after"
     assert leaked == 0, f"{leaked} tokens past forget edit points stayed cached"
     assert all(d <= TOLERANCE for d in deltas), deltas
-    assert page > 1 or not figures["fallbacks"], figures  # page size 1: no fallback at all
+    # Page size 1: no fallback at all; with pages, a splice only leaves a partial last page
+    # to the generate (the forgets re-prefill by definition: "forget: reprefill" is no fallback).
+    allowed = {"splice: page_alignment"} if page > 1 else set()
+    assert set(figures["fallbacks"]) <= allowed, figures

@@ -1,0 +1,1 @@
+"""``leyline eval compose``: precomputed skills composed into sessions vs a full prefill."""

@@ -1,0 +1,134 @@
+"""One decision item through every arm, timed, on the reference engine.
+
+Arms (all read the next-token logits after the same question tokens):
+
+* ``full``: the reference. The prefix is prefilled, then skill + question on top of its KV:
+  the same computation as a prefill of the whole context from scratch (attention is causal,
+  and the engine prefills in chunks anyway), timed from the cached prefix.
+* ``compose_k{K}``: ``SessionCache.compose(skill, len(prefix), seam_tokens=K)`` on the
+  prefilled prefix, then the question prefilled fresh (the server's path: compose, then
+  the next request's tokens; the skill's last token is run again in context first, the
+  engine's last-token rule).
+* ``norot_k{K}``: the control, the same compose with the skill's keys left at the positions
+  they were computed at (see :func:`unrotated`).
+* ``no_skill``: prefix + question, the skill left out: how much the answer needs the skill.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from leyline.server_adapter.engine import Engine
+from leyline.server_adapter.rope import delta_rotate
+from leyline.server_adapter.session import SessionCache
+from leyline.server_adapter.skills import Skill
+
+from .cases import Item
+from .measures import Agreement, compare
+
+FULL, NO_SKILL = "full", "no_skill"
+
+
+def compose_arm(seam: int) -> str:
+    return f"compose_k{seam}"
+
+
+def control_arm(seam: int) -> str:
+    return f"norot_k{seam}"
+
+
+def unrotated(engine: Engine, skill: Skill, at: int) -> Skill:
+    """``skill`` with its keys' rope band pre-rotated by ``-at``.
+
+    COMPOSE rotates the copied keys by ``at``; rotations compose exactly (up to fp32
+    rounding), so this skill lands with its keys as compiled, at positions ``0..L-1``,
+    while it sits at ``at..at+L-1``: the skill's KV copied without rotation. Values (and
+    everything outside the band) are untouched, and the seam is prefilled as in any
+    compose, so the only difference from ``compose_k{K}`` is the missing rotation.
+    """
+    layout, rope = engine.layout, engine.rope
+    assert layout is not None and rope is not None, engine.splice_refusal
+
+    def layer(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return tuple(
+            delta_rotate(t, -at, rope.inv_freq, layout.pairing, offset=layout.offset)
+            if slot == layout.slot
+            else t
+            for slot, t in enumerate(tensors)
+        )
+
+    return dataclasses.replace(skill, kv=tuple(layer(tensors) for tensors in skill.kv))
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    item: Item
+    skill_length: int
+    prefix_seconds: float
+    """Prefill of the prefix alone (what "cold" timings add)."""
+    seconds: dict[str, float]
+    """Per arm (``full`` and composes): prefix cached -> next-token logits after the question."""
+    agreement: dict[str, Agreement]
+    """Per arm, vs ``full`` (``full`` itself included: its answer probability)."""
+    paths: dict[str, str]
+    """What the engine ran for each compose: ``splice`` (anything else is a fallback)."""
+
+
+def _timed_compose(
+    prefix: SessionCache, skill: Skill, seam: int, question: Sequence[int]
+) -> tuple[torch.Tensor, float, str]:
+    session = prefix.fork()  # shares the prefix's tensors, never writes them
+    t0 = time.perf_counter()
+    report = session.compose(skill, len(prefix.tokens), seam_tokens=seam)
+    session.extend(question)
+    logits = session.next_token_logits()
+    return logits, time.perf_counter() - t0, report.path.value
+
+
+@torch.inference_mode()
+def run_item(
+    engine: Engine, skill: Skill, item: Item, seams: Sequence[int], control_seam: int
+) -> ItemResult:
+    """Every arm on ``item``; even items time the full prefill first, odd ones last, so
+    neither arm always runs on a warmer machine."""
+    prefix = SessionCache(engine)
+    t0 = time.perf_counter()
+    prefix.prefill(item.prefix)
+    prefix_seconds = time.perf_counter() - t0
+    at = len(item.prefix)
+
+    logits: dict[str, torch.Tensor] = {}
+    seconds: dict[str, float] = {}
+    paths: dict[str, str] = {}
+
+    def full() -> None:
+        t0 = time.perf_counter()
+        _, logits[FULL] = engine.forward(prefix.kv, skill.tokens + item.question)
+        seconds[FULL] = time.perf_counter() - t0
+
+    def composes() -> None:
+        for seam in seams:
+            name = compose_arm(seam)
+            logits[name], seconds[name], paths[name] = _timed_compose(
+                prefix, skill, seam, item.question
+            )
+        name = control_arm(control_seam)
+        control = unrotated(engine, skill, at)
+        logits[name], seconds[name], paths[name] = _timed_compose(
+            prefix, control, control_seam, item.question
+        )
+
+    for step in (full, composes) if item.index % 2 == 0 else (composes, full):
+        step()
+    alone = prefix.fork()
+    alone.extend(item.question)
+    logits[NO_SKILL] = alone.next_token_logits()
+
+    reference = logits[FULL]
+    agreement = {name: compare(reference, lg, item.answer_token) for name, lg in logits.items()}
+    return ItemResult(item, len(skill), prefix_seconds, seconds, agreement, paths)

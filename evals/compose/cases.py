@@ -1,0 +1,105 @@
+"""Token ids of the skills and the decision items (prefix, question, answer token).
+
+The three parts are encoded separately and concatenated, so every arm sees the same ids and
+the insertion point is exact: full context = prefix + skill + question, compose inserts the
+skill at ``len(prefix)``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .contexts import make_context
+from .texts import Kind, SkillText, skill_text
+
+Encode = Callable[[str], Sequence[int]]
+CONTEXT_RESERVE = 256
+"""Positions left for the prefix and the question when a skill length is capped by the
+model's context (``--full``'s 8k on SmolLM2's 8,192 positions)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SkillCase:
+    kind: Kind
+    requested: int
+    """The length asked for; ``len(tokens)`` is at most this (whole units only)."""
+    tokens: tuple[int, ...]
+    units: int
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One decision: a context around the skill and the token the answer starts with."""
+
+    kind: Kind
+    requested: int
+    index: int
+    unit: int
+    """Which unit of the skill the question is about."""
+    depth: float
+    """``unit / units``: how deep in the skill the answer sits."""
+    prefix: tuple[int, ...]
+    question: tuple[int, ...]
+    answer: str
+    answer_token: int | None
+    """First token of ``answer`` after the question (None if the tokenizer merges it with
+    the question's last token: then no answer probability is reported)."""
+
+
+def _ids(encode: Encode, text: str) -> tuple[int, ...]:
+    return tuple(int(t) for t in encode(text))
+
+
+def fit_units(text: SkillText, budget: int, encode: Encode) -> int:
+    """The most units whose rendered skill is at most ``budget`` tokens (at least one)."""
+    size = len(_ids(encode, text.header + text.footer))
+    count = 0
+    for unit in text.units:  # units encoded alone: an estimate, corrected below
+        size += len(_ids(encode, unit.text + text.separator))
+        if size > budget:
+            break
+        count += 1
+    while count > 1 and len(_ids(encode, text.render(count))) > budget:
+        count -= 1
+    return max(count, 1)
+
+
+def make_skill(kind: Kind, requested: int, budget: int, encode: Encode, seed: int) -> SkillCase:
+    text = skill_text(kind, seed)
+    count = fit_units(text, min(requested, budget), encode)
+    return SkillCase(kind, requested, _ids(encode, text.render(count)), count)
+
+
+def answer_token(encode: Encode, question: str, answer: str) -> int | None:
+    head, whole = _ids(encode, question), _ids(encode, question + answer)
+    if len(whole) <= len(head) or whole[: len(head)] != head:
+        return None
+    return whole[len(head)]
+
+
+def make_items(skill: SkillCase, count: int, encode: Encode, seed: int) -> list[Item]:
+    """``count`` items asking about units spread evenly through the skill; item ``i`` has
+    the same prefix at every skill length."""
+    text = skill_text(skill.kind, seed)
+    eligible = [i for i in range(skill.units) if text.units[i].question]
+    items = []
+    for index in range(count):
+        unit = eligible[min(int((index + 0.5) / count * len(eligible)), len(eligible) - 1)]
+        rng = random.Random(f"compose:{seed}:{skill.kind}:context:{index}")
+        ctx = make_context(text, text.units[unit], rng)
+        items.append(
+            Item(
+                kind=skill.kind,
+                requested=skill.requested,
+                index=index,
+                unit=unit,
+                depth=unit / skill.units,
+                prefix=_ids(encode, ctx.prefix),
+                question=_ids(encode, ctx.question),
+                answer=ctx.answer,
+                answer_token=answer_token(encode, ctx.question, ctx.answer),
+            )
+        )
+    return items

@@ -1,0 +1,162 @@
+"""Run the compose eval: compile each skill, run every item through every arm, report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from leyline.evals.common import Report, progress, results_dir
+from leyline.server_adapter.engine import Engine
+from leyline.server_adapter.models import load_model
+from leyline.server_adapter.skills import Skill, compile_skill
+
+from .arms import FULL, NO_SKILL, ItemResult, compose_arm, control_arm, run_item
+from .cases import CONTEXT_RESERVE, Item, make_items, make_skill
+from .markdown import sections
+from .plots import plot_kl_by_seam, plot_ttft
+from .summary import cells, kl_by_seam, targets, ttft
+from .texts import Kind
+
+
+@dataclass(frozen=True, slots=True)
+class ComposeOptions:
+    model: str
+    kinds: tuple[Kind, ...]
+    lengths: tuple[int, ...]
+    """Requested skill lengths in tokens (capped by the model's context)."""
+    seams: tuple[int, ...]
+    control_seam: int
+    items: int
+    """Decision items per kind and length (each is also one TTFT repeat)."""
+    seed: int
+    out: Path | None
+    fast: bool = False
+    progress: bool = True
+
+    @property
+    def arms(self) -> list[str]:
+        return [
+            FULL,
+            *(compose_arm(s) for s in self.seams),
+            control_arm(self.control_seam),
+            NO_SKILL,
+        ]
+
+
+def _engine(model: str) -> Engine:
+    engine = Engine(load_model(model))
+    if engine.layout is None or engine.rope is None:
+        raise RuntimeError(
+            f"{engine.loaded.label}: keys cannot be rotated ({engine.splice_refusal})"
+        )
+    if engine.tokenizer is None:
+        raise RuntimeError(f"{engine.loaded.label} has no tokenizer; the skills are text")
+    return engine
+
+
+def _work(
+    engine: Engine, options: ComposeOptions, memory: list[dict[str, Any]]
+) -> Iterator[tuple[Skill, Item]]:
+    """Each (skill, item) in order; a skill is compiled (and its memory noted) on first use."""
+    limit = engine.limits.max_session_tokens or 1 << 30
+    for requested in options.lengths:
+        for kind in options.kinds:
+            case = make_skill(kind, requested, limit - CONTEXT_RESERVE, engine.encode, options.seed)
+            t0 = time.perf_counter()
+            skill = compile_skill(
+                engine, case.tokens, skill_id=f"{kind}-{requested}", tenant="eval"
+            )
+            memory.append(
+                {
+                    "kind": kind,
+                    "requested": requested,
+                    "tokens": len(skill),
+                    "units": case.units,
+                    "nbytes": skill.nbytes,
+                    "compile_seconds": time.perf_counter() - t0,
+                }
+            )
+            for item in make_items(case, options.items, engine.encode, options.seed):
+                yield skill, item
+            del skill
+
+
+def _record(result: ItemResult, engine: Engine) -> dict[str, Any]:
+    item = result.item
+    return {
+        "kind": item.kind,
+        "requested": item.requested,
+        "skill_tokens": result.skill_length,
+        "index": item.index,
+        "unit": item.unit,
+        "depth": item.depth,
+        "prefix_tokens": len(item.prefix),
+        "question_tokens": len(item.question),
+        "answer": item.answer,
+        "answer_token": item.answer_token,
+        "answer_token_text": None
+        if item.answer_token is None
+        else engine.decode([item.answer_token]),
+        "prefix_seconds": result.prefix_seconds,
+        "seconds": result.seconds,
+        "paths": result.paths,
+        "arms": {arm: asdict(a) for arm, a in result.agreement.items()},
+    }
+
+
+@torch.inference_mode()
+def run_compose_eval(options: ComposeOptions) -> Path:
+    folder = results_dir("compose", options.out)
+    t0 = time.perf_counter()
+    engine = _engine(options.model)
+    engine.forward((), engine.encode("Warm up the allocator and the kernels."))
+    memory: list[dict[str, Any]] = []
+    total = len(options.lengths) * len(options.kinds) * options.items
+    results = [
+        run_item(engine, skill, item, options.seams, options.control_seam)
+        for skill, item in progress(
+            _work(engine, options, memory),
+            desc="compose items",
+            total=total,
+            enabled=options.progress,
+        )
+    ]
+    cell_list = cells(results, options.arms)
+    ttft_rows = ttft(results, options.seams)
+    summary = {
+        "cells": cell_list,
+        "kl_by_seam": kl_by_seam(cell_list, options.seams, options.control_seam),
+        "ttft": ttft_rows,
+        "memory": memory,
+        "targets": targets(cell_list, ttft_rows, options.control_seam),
+        "all_finite": all(a.finite for r in results for a in r.agreement.values()),
+        "fallbacks": sum(p != "splice" for r in results for p in r.paths.values()),
+    }
+    config = {
+        "model": engine.loaded.label,
+        "random_weights": engine.loaded.random_weights,
+        "kinds": ",".join(options.kinds),
+        "lengths": ",".join(map(str, options.lengths)),
+        "seams": ",".join(map(str, options.seams)),
+        "control_seam": options.control_seam,
+        "items_per_kind_and_length": options.items,
+        "seed": options.seed,
+        "fast": options.fast,
+        "torch_threads": torch.get_num_threads(),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    report = Report("compose", "Compose: precomputed skills vs a full prefill", config, folder)
+    report.data = {"summary": summary, "records": [_record(r, engine) for r in results]}
+    for heading, body in sections(summary, options.arms, list(options.seams)):
+        report.section(heading, body)
+    report.plots = {
+        "ttft.png": lambda p: plot_ttft(summary, p),
+        "kl_by_k.png": lambda p: plot_kl_by_seam(summary, p),
+    }
+    report.write()
+    return folder

@@ -1,0 +1,338 @@
+"""``SkillLibrary``: named skills registered once on a Leyline server, composed into sessions.
+
+A skill here is a chat message (a system prompt, a policy text, tool specs rendered as text,
+a document) whose KV the server computes once (``POST /leyline/v1/skills``) and inserts where
+the message goes in a session (``compose``) instead of prefilling it::
+
+    library = SkillLibrary(LeylineClient("http://127.0.0.1:8000"))
+    library.register("rules", RULES_TEXT, role="user")
+    messages.append(library.message("rules"))   # its content is RULES_TEXT
+    client = LeylineOpenAI(openai_client, skills=library)
+
+**The block rule.** A compose must insert exactly the tokens the server renders for that
+message in the chat request, or the request no longer extends the edited cache. So a skill
+is registered as *token ids*: the server's own rendering (``POST /leyline/v1/tokenize``) of
+``[*context, message]``, cut at the message's span (from the end of the message before it
+to its own end, so a separator between messages goes with it). Not ``messages=[message]``:
+that rendering holds what a template puts before a first message (BOS, a default system
+prompt). Templates that render a message the same wherever it follows another (the usual
+ones) give one block for every position past the first; where the rendering in a
+conversation differs (the first message, a tool list merged into a system message, a
+template that looks at neighbours), the planner sees that the block is not the message's
+tokens there and sends the text instead, saying why in the call record. Registering with
+the conversation's real opening as ``context`` is the fix when the default context is
+refused or renders differently.
+
+Skill ids come from the name and the block (``rules-<sha256 prefix>``): the same text gives
+the same id and content hash in every library and process (registering it again recomputes
+nothing on the server), and a changed text gets a new id instead of replacing a block other
+sessions are composing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pydantic import TypeAdapter, ValidationError
+
+from leyline.protocol.client import AsyncLeylineClient, LeylineClient
+from leyline.protocol.resources import Message as WireMessage
+from leyline.protocol.resources import SkillInfo, TokenizeResponse
+
+from .errors import SkillError
+from .messages import ROLES, Message, canonical_json, content_text
+from .skill_refs import SKILL_KEY, SkillBlock, skill_id_of
+
+DEFAULT_SKILL_CONTEXT: tuple[Message, ...] = (
+    {"role": "system", "content": "You are a helpful assistant."},
+)
+"""What a skill message is rendered after when registered: any message, since the block is
+the skill message's own span; override it where a template refuses this one."""
+
+_ID_NAME_CHARS = 100  # + "-" + 16 hex digits stays within the protocol's 128
+
+
+@dataclass(frozen=True, slots=True)
+class SkillEntry:
+    """A registered skill: the message it stands for and the block the server holds."""
+
+    name: str
+    skill: str
+    """The server's id."""
+    message: Mapping[str, object] = field(repr=False)
+    """The message as registered (role, content, other fields; no side field)."""
+    tokens: tuple[int, ...] = field(repr=False)
+    info: SkillInfo
+    context_key: str = field(repr=False)
+    seam_tokens: int = 4
+
+    @property
+    def text(self) -> str:
+        return str(self.message["content"])
+
+    def block(self) -> SkillBlock:
+        return SkillBlock(self.skill, self.tokens, self.seam_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class _Registration:
+    """One ``register`` call, checked: what to render, and how to remember the result."""
+
+    name: str
+    message: dict[str, object]
+    context: tuple[Message, ...]
+    seam_tokens: int
+
+    @property
+    def context_key(self) -> str:
+        return canonical_json([dict(m) for m in self.context])
+
+    def rendering(self) -> list[WireMessage]:
+        """``[*context, message]`` for ``POST /tokenize`` (JSON values only)."""
+        try:
+            return _WIRE.validate_python([*(dict(m) for m in self.context), self.message])
+        except ValidationError as exc:
+            raise SkillError(self.name, f"the messages are not JSON: {exc}") from None
+
+    def block(self, rendered: TokenizeResponse) -> tuple[int, ...]:
+        return block_of(rendered, len(self.context), self.name)
+
+    def entry(self, tokens: tuple[int, ...], info: SkillInfo) -> SkillEntry:
+        if info.num_tokens != len(tokens):
+            raise SkillError(
+                self.name, f"registered {len(tokens)} tokens, the server holds {info.num_tokens}"
+            )
+        return SkillEntry(
+            self.name, info.skill, self.message, tokens, info, self.context_key, self.seam_tokens
+        )
+
+
+_WIRE: TypeAdapter[list[WireMessage]] = TypeAdapter(list[WireMessage])
+
+
+class SkillSet:
+    """The registered skills of a library, in memory: what the middleware looks up.
+
+    Args:
+        context: the messages a skill message is rendered after when registered.
+        seam_tokens: leading block tokens the server recomputes in context (per compose).
+        model: the model to bind skills to (None: the server's default).
+    """
+
+    def __init__(
+        self,
+        *,
+        context: Sequence[Message] = DEFAULT_SKILL_CONTEXT,
+        seam_tokens: int = 4,
+        model: str | None = None,
+    ) -> None:
+        self.context, self.seam_tokens, self.model = tuple(context), seam_tokens, model
+        self._by_name: dict[str, SkillEntry] = {}
+        self._by_id: dict[str, SkillEntry] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def get(self, name: str) -> SkillEntry | None:
+        return self._by_name.get(name)
+
+    @property
+    def entries(self) -> tuple[SkillEntry, ...]:
+        return tuple(self._by_name.values())
+
+    def message(self, name: str, **fields: object) -> dict[str, object]:
+        """The message to put in a conversation: the skill's full text as ``content`` (what a
+        plain server sees) and its id in the side field the middleware composes from.
+        ``fields`` are added to it (e.g. ``tool_call_id`` for a tool-role skill).
+
+        Raises:
+            SkillError: no skill of that name is registered.
+        """
+        entry = self._by_name.get(name)
+        if entry is None:
+            raise SkillError(name, f"not registered (registered: {sorted(self._by_name)})")
+        return {**entry.message, **fields, SKILL_KEY: entry.skill}
+
+    def lookup(self, message: Message) -> SkillBlock | None:
+        """The block of a skill message whose role and text are still the registered ones."""
+        entry = self._by_id.get(skill_id_of(message) or "")
+        if entry is None or message.get("role") != entry.message["role"]:
+            return None
+        return entry.block() if content_text(message) == entry.text else None
+
+    def discard(self, skill: str) -> None:
+        """Forget a skill id the server no longer holds (``unknown_skill``) or cannot use
+        here (``skill_mismatch``): its messages go as text until it is registered again."""
+        entry = self._by_id.pop(skill, None)
+        if entry is not None and self._by_name.get(entry.name) is entry:
+            del self._by_name[entry.name]
+
+    def _registration(
+        self,
+        name: str,
+        text: str,
+        role: str,
+        context: Sequence[Message] | None,
+        seam_tokens: int | None,
+        fields: Mapping[str, object],
+    ) -> _Registration:
+        return _Registration(
+            name,
+            skill_message(name, role, text, fields),
+            tuple(self.context if context is None else context),
+            self.seam_tokens if seam_tokens is None else seam_tokens,
+        )
+
+    def _cached(self, request: _Registration) -> SkillEntry | None:
+        entry = self._by_name.get(request.name)
+        if entry is None or entry.context_key != request.context_key:
+            return None
+        return entry if canonical_json(entry.message) == canonical_json(request.message) else None
+
+    def _remember(self, entry: SkillEntry) -> SkillEntry:
+        self._by_name[entry.name] = entry
+        self._by_id[entry.skill] = entry
+        return entry
+
+
+def skill_message(
+    name: str, role: str, text: str, fields: Mapping[str, object]
+) -> dict[str, object]:
+    """The message skill ``name`` stands for.
+
+    Raises:
+        SkillError: an empty name or text, an unknown role, ``fields`` that set role or content.
+    """
+    if not name:
+        raise SkillError(name, "a skill needs a non-empty name")
+    if role not in ROLES:
+        raise SkillError(name, f"unknown role {role!r}; expected one of {sorted(ROLES)}")
+    if not text:
+        raise SkillError(name, "a skill needs a non-empty text")
+    clash = {"role", "content", SKILL_KEY} & set(fields)
+    if clash:
+        raise SkillError(name, f"fields may not set {sorted(clash)}")
+    return {"role": role, "content": text, **fields}
+
+
+def block_of(rendered: TokenizeResponse, index: int, name: str) -> tuple[int, ...]:
+    """Message ``index``'s tokens in a rendering, with the separator before it.
+
+    Raises:
+        SkillError: the rendering has no span per message, or the message renders to nothing.
+    """
+    spans = rendered.spans
+    if len(spans) != index + 1:
+        raise SkillError(
+            name,
+            f"the server's rendering has {len(spans)} message spans for {index + 1} "
+            "messages (its template cannot be split per message), so no block can be cut",
+        )
+    start = spans[index - 1].end if index else spans[0].start
+    tokens = tuple(rendered.tokens[start : spans[index].end])
+    if not tokens:
+        raise SkillError(name, "the message renders to no tokens")
+    return tokens
+
+
+def skill_id(name: str, tokens: Sequence[int]) -> str:
+    """``name-<16 hex>``: same name and block, same id; another block, another id."""
+    digest = hashlib.sha256(b"".join(int(t).to_bytes(8, "little", signed=True) for t in tokens))
+    return f"{name[:_ID_NAME_CHARS]}-{digest.hexdigest()[:16]}"
+
+
+class SkillLibrary(SkillSet):
+    """Registers skills through a :class:`~leyline.protocol.client.LeylineClient`.
+
+    Pass it to :class:`~.middleware.LeylineOpenAI` (``skills=``); see the module docstring
+    for the block rule. The other arguments are :class:`SkillSet`'s.
+    """
+
+    def __init__(
+        self,
+        client: LeylineClient,
+        *,
+        context: Sequence[Message] = DEFAULT_SKILL_CONTEXT,
+        seam_tokens: int = 4,
+        model: str | None = None,
+    ) -> None:
+        super().__init__(context=context, seam_tokens=seam_tokens, model=model)
+        self.client = client
+
+    def register(
+        self,
+        name: str,
+        text: str,
+        *,
+        role: str = "system",
+        context: Sequence[Message] | None = None,
+        description: str | None = None,
+        seam_tokens: int | None = None,
+        **fields: object,
+    ) -> SkillEntry:
+        """Register ``text`` as the skill ``name``: a ``role`` message with ``fields``.
+
+        Idempotent: the same name, message and context return the remembered entry without
+        a request; the same text in another library gets the same id and content hash (the
+        server answers the skill it holds and recomputes nothing).
+
+        Raises:
+            SkillError: bad arguments, or a rendering that cannot be cut per message.
+            LeylineError: the server refused (e.g. ``limit_exceeded``; ``not_found`` from a
+                server without skills).
+        """
+        request = self._registration(name, text, role, context, seam_tokens, fields)
+        if (cached := self._cached(request)) is not None:
+            return cached
+        tokens = request.block(self.client.tokenize(messages=request.rendering()))
+        info = self.client.create_skill(
+            skill_id(name, tokens),
+            tokens=tokens,
+            model=self.model,
+            name=name[:256],
+            description=description,
+        )
+        return self._remember(request.entry(tokens, info))
+
+
+class AsyncSkillLibrary(SkillSet):
+    """The async twin of :class:`SkillLibrary` (an ``AsyncLeylineClient``; ``await
+    library.register(...)``), for :class:`~.middleware_async.AsyncLeylineOpenAI`."""
+
+    def __init__(
+        self,
+        client: AsyncLeylineClient,
+        *,
+        context: Sequence[Message] = DEFAULT_SKILL_CONTEXT,
+        seam_tokens: int = 4,
+        model: str | None = None,
+    ) -> None:
+        super().__init__(context=context, seam_tokens=seam_tokens, model=model)
+        self.client = client
+
+    async def register(
+        self,
+        name: str,
+        text: str,
+        *,
+        role: str = "system",
+        context: Sequence[Message] | None = None,
+        description: str | None = None,
+        seam_tokens: int | None = None,
+        **fields: object,
+    ) -> SkillEntry:
+        """See :meth:`SkillLibrary.register`."""
+        request = self._registration(name, text, role, context, seam_tokens, fields)
+        if (cached := self._cached(request)) is not None:
+            return cached
+        tokens = request.block(await self.client.tokenize(messages=request.rendering()))
+        info = await self.client.create_skill(
+            skill_id(name, tokens),
+            tokens=tokens,
+            model=self.model,
+            name=name[:256],
+            description=description,
+        )
+        return self._remember(request.entry(tokens, info))

@@ -1,0 +1,265 @@
+"""COMPOSE on the reference engine: a precomputed skill's KV inserted into a session.
+
+Definition, for a session ``tokens`` (KV complete), a skill ``S`` (``L`` tokens, KV
+computed alone from position 0), an insertion point ``at`` and ``seam_tokens = K``:
+
+* new tokens: ``tokens[:at] + S + tokens[at:]``;
+* ``[0, at)``: the session's KV, unchanged;
+* ``[at, at + k)``, ``k = min(K, L)``: prefilled in place against ``tokens[:at]`` (seam
+  repair: the block's first tokens see the context it lands in);
+* ``[at + k, at + L)``: the skill's KV of positions ``[k, L)``, keys' rope band rotated by
+  ``at`` (values and MLA latents are position-free: copied bitwise);
+* ``[at + L, ...)``: the session's KV from ``at`` on, rotated by ``L``, exactly as a splice
+  inserting ``S`` at ``at`` moves it (AMORTIZE).
+
+Planning is the splice's: the insertion ``Edit(at, at, S)`` through ``core.batch``, so the
+positions, the limits, the spans of the new revision and the lineages all come from the
+edit algebra. Execution is ``run_executor.fill_runs`` with the inserted run split into the
+seam (prefilled) and a kept run whose source is the skill's KV; each byte is written once
+and the session's KV is only read. When a kept key cannot be rotated exactly for this model,
+everything from ``at`` is prefilled instead (path ``reprefill`` with the reason), or the
+compose is refused (``allow_fallback=False``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from leyline.protocol.algebra import Edit, EditResult, Run, replacement_spans
+from leyline.protocol.capabilities import Limits
+from leyline.protocol.directives import Mode
+from leyline.protocol.envelope import Path
+from leyline.protocol.errors import ErrorCode, LeylineError
+
+from .core.batch import EditPlan, SessionView, plan_edits
+from .edit_paths import reprefill_from_change, run_edits
+from .errors import SpliceUnsupportedError
+from .kv_blocks import KVCache
+from .reports import OpReport
+from .run_executor import SourcedRun, fill_runs
+from .session_state import SessionState
+from .skills import Skill, check_compatible
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+def plan_compose(
+    view: SessionView,
+    skill: Skill,
+    at: int,
+    seam_tokens: int,
+    *,
+    limits: Limits,
+    vocab_size: int,
+    base_revision: int | None = None,
+) -> EditPlan:
+    """Check a compose against ``view`` as the insertion of the skill's tokens at ``at``.
+
+    Raises:
+        LeylineError: ``invalid_span`` for ``at`` outside ``[0, len(tokens)]``,
+            ``invalid_directive`` for a negative seam, and every rule of a splice
+            (revision, session length, vocabulary).
+    """
+    if not 0 <= at <= len(view.tokens):
+        raise LeylineError(
+            ErrorCode.invalid_span,
+            f"compose position {at} is outside the base revision's {len(view.tokens)} "
+            f"tokens; use a position in [0, {len(view.tokens)}]",
+            "at",
+        )
+    if seam_tokens < 0:
+        raise LeylineError(
+            ErrorCode.invalid_directive, f"seam_tokens is {seam_tokens}; use 0 or more", "seam"
+        )
+    # The replacement cap bounds prefill work per request; a skill's KV is precomputed.
+    uncapped = limits.model_copy(update={"max_replacement_tokens": None})
+    edit = Edit(at, at, skill.tokens, Mode.amortize)
+    return plan_edits(
+        view, [edit], limits=uncapped, vocab_size=vocab_size, base_revision=base_revision
+    )
+
+
+def compose_runs(
+    result: EditResult, skill: Skill, seam_tokens: int, base: KVCache
+) -> list[SourcedRun]:
+    """The plan's runs with the skill's inserted run split into seam + copied skill KV;
+    kept runs read ``base`` (the session's KV)."""
+    (insertion,) = [run for run in result.runs if run.kind == "inserted"]  # the one compose
+    return batch_runs(result, {insertion.new_start: (skill, seam_tokens)}, base)
+
+
+def batch_runs(
+    result: EditResult, blocks: Mapping[int, tuple[Skill, int]], base: KVCache
+) -> list[SourcedRun]:
+    """The runs of a batch: kept runs read ``base``; the inserted run starting at a key of
+    ``blocks`` (a compose: its skill and seam) is split into the prefilled seam and the
+    skill's KV copied with keys rotated by its position; other inserted runs (a splice's
+    replacement) are prefilled."""
+    out: list[SourcedRun] = []
+    for run in result.runs:
+        block = blocks.get(run.new_start) if run.kind == "inserted" else None
+        if block is None:
+            out.append(SourcedRun(run, base) if run.kind == "kept" else SourcedRun(run))
+            continue
+        skill, seam_tokens = block
+        assert len(run) == len(skill), (run, len(skill))
+        seam_end = run.new_start + min(seam_tokens, len(skill))
+        if seam_end > run.new_start:
+            out.append(SourcedRun(Run("inserted", run.new_start, seam_end)))
+        if seam_end < run.new_end:
+            # old_start indexes the skill's own positions: delta = at, as the definition says.
+            copied = Run("kept", seam_end, run.new_end, seam_end - run.new_start)
+            out.append(SourcedRun(copied, skill.kv))
+    return out
+
+
+def _blocker(engine: Engine, runs: list[SourcedRun], total: int) -> SpliceUnsupportedError | None:
+    """Why a kept key cannot be rotated exactly here, or None."""
+    if not any(s.run.kind == "kept" and s.run.delta for s in runs):
+        return None
+    if engine.splice_refusal is not None:
+        return engine.splice_refusal
+    assert engine.rope is not None
+    try:
+        engine.rope.check_length(total)
+    except SpliceUnsupportedError as exc:
+        return exc
+    return None
+
+
+def exact_after_compose(at: int, skill_len: int, seam: int, old_exact: int) -> int:
+    """Prefix of the composed sequence whose KV equals a fresh prefill's (up to rounding).
+
+    The seam attends to the real prefix, so it is exact if the prefix is. The copied rest
+    of the skill attended only to the skill, which is its real context only at ``at == 0``.
+    Downstream tokens attended to the old context: never exact.
+    """
+    if old_exact < at:
+        return old_exact
+    return at + (skill_len if at == 0 else min(seam, skill_len))
+
+
+def run_compose(
+    engine: Engine,
+    state: SessionState,
+    plan: EditPlan,
+    skill: Skill,
+    seam_tokens: int,
+    *,
+    allow_fallback: bool = True,
+    want_logits: bool = False,
+) -> tuple[SessionState, OpReport]:
+    """The composed state (revision and spans left to the caller) and its report.
+
+    ``state`` must hold KV for all of its tokens; ``plan`` comes from :func:`plan_compose`
+    on it. ``want_logits``: also compute the next-token logits now (see ``fill_runs``).
+
+    Raises:
+        LeylineError: ``skill_mismatch`` when another model compiled the skill.
+        SpliceUnsupportedError: a key cannot be rotated exactly and ``allow_fallback`` is
+            false.
+    """
+    check_compatible(engine, skill, state.kv)
+    result = plan.result
+    at = plan.edits[0].start
+    runs = compose_runs(result, skill, seam_tokens, state.kv)
+    exact = exact_after_compose(at, len(skill), min(seam_tokens, len(skill)), state.exact_length)
+    return _run_sourced(
+        engine, state, result, runs, template=state.kv or skill.kv, exact=exact,
+        first_change=at, allow_fallback=allow_fallback, want_logits=want_logits,
+    )  # fmt: skip
+
+
+def _run_sourced(
+    engine: Engine,
+    state: SessionState,
+    result: EditResult,
+    runs: list[SourcedRun],
+    *,
+    template: KVCache,
+    exact: int,
+    first_change: int,
+    allow_fallback: bool,
+    want_logits: bool,
+) -> tuple[SessionState, OpReport]:
+    """Fill the new KV from sourced runs (or re-prefill from the change when a key cannot be
+    rotated exactly); ``exact``: the new prefix equal to a fresh prefill's."""
+    blocker = _blocker(engine, runs, len(result.tokens))
+    if blocker is not None:
+        if not allow_fallback:
+            raise blocker
+        return reprefill_from_change(engine, state, result, blocker.reason)
+    kv, logits, rerun = fill_runs(
+        engine.forward_into,
+        engine.layout,
+        engine.rope,
+        result.tokens,
+        runs,
+        template=template,
+        want_logits=want_logits,
+    )
+    total = len(result.tokens)
+    if rerun and exact >= total - 1:
+        exact = total
+    kept = [s.run for s in runs if s.run.kind == "kept"]
+    reused = sum(len(r) for r in kept)
+    report = OpReport(
+        Path.splice,
+        state.revision + 1,
+        reused_tokens=reused,
+        prefilled_tokens=total - reused,
+        rotated_tokens=sum(len(r) for r in kept if r.delta),
+        first_change=first_change,
+    )
+    return SessionState(result.tokens, kv, logits, state.revision + 1, (), exact), report
+
+
+def run_batch(
+    engine: Engine,
+    state: SessionState,
+    plan: EditPlan,
+    skills: Mapping[int, Skill],
+    *,
+    allow_fallback: bool = True,
+    want_logits: bool = False,
+) -> tuple[SessionState, OpReport]:
+    """A protocol batch holding composes (``plan.composes``; ``skills`` by directive index),
+    splices and errata, on the complete ``state``. A batch with one compose and nothing else
+    is :func:`run_compose`. With a FORGET, everything from its start is prefilled (as any
+    FORGET batch), composed blocks after it included; exact, reported ``reprefill``.
+
+    Raises:
+        LeylineError: ``skill_mismatch`` when another model compiled a skill.
+        SpliceUnsupportedError: see :func:`run_compose`.
+    """
+    for skill in skills.values():
+        check_compatible(engine, skill, state.kv)
+    if len(plan.edits) == 1 and len(plan.composes) == 1:
+        c = plan.composes[0]
+        return run_compose(
+            engine, state, plan, skills[c.index], c.seam_tokens,
+            allow_fallback=allow_fallback, want_logits=want_logits,
+        )  # fmt: skip
+    result = plan.result
+    if plan.forget_from is not None:
+        return run_edits(
+            engine, state, result, forget=True, allow_fallback=allow_fallback,
+            want_logits=want_logits,
+        )  # fmt: skip
+    where = {e.index: start for e, (start, _) in zip(plan.edits, _new_spans(plan), strict=True)}
+    blocks = {where[c.index]: (skills[c.index], c.seam_tokens) for c in plan.composes}
+    runs = batch_runs(result, blocks, state.kv)
+    return _run_sourced(
+        engine, state, result, runs,
+        template=state.kv or next(iter(skills.values())).kv,
+        # Exact (equal to a fresh prefill) up to the first change at most: conservative.
+        exact=min(state.exact_length, result.first_change),
+        first_change=result.first_change,
+        allow_fallback=allow_fallback, want_logits=want_logits,
+    )  # fmt: skip
+
+
+def _new_spans(plan: EditPlan) -> list[tuple[int, int]]:
+    return replacement_spans(len(plan.base.tokens), plan.edits)

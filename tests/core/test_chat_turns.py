@@ -1,0 +1,130 @@
+"""Chat turns with directives through one ``LeylineService``, on both backends.
+
+The reference engine runs its turns on the model worker (``EngineRunner``, real SmolLM2);
+SGLang's runner (``SglangRunner``) runs the edit in a scripted scheduler and generates with
+a scripted generator (``scripted_scheduler``: same ids every time, labelled as such; the
+live server is ``tests/sglang_live/test_chat.py``). What the service promises must hold on
+both: the report says what ran, the session holds the prompt and the reply, and a rejected
+request changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from leyline.protocol import ErrorCode, LeylineError, Limits
+from leyline.server_adapter.engine import Engine
+from leyline.server_adapter.engine_backend import EngineBackend
+from leyline.server_adapter.http.engine_runner import EngineRunner
+from leyline.server_adapter.http.openai_types import ChatCompletionRequest
+from leyline.server_adapter.http.service import LeylineService
+from leyline.server_adapter.http.settings import ServerSettings
+from leyline.server_adapter.models import LoadedModel
+from leyline.server_adapter.sglang.backend import SglangBackend
+from leyline.server_adapter.sglang.runner import SglangRunner
+
+from .scripted_scheduler import ScriptedGenerator, ScriptedScheduler
+
+pytestmark = [pytest.mark.model]
+
+LIMITS = Limits(max_session_tokens=1024)
+TOOL_OUTPUT = "\n".join(f"line {i}: the build step {i} passed in {i * 3} ms" for i in range(24))
+STUB = "[tool output removed]"
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2: LoadedModel) -> Engine:
+    return Engine(smollm2, limits=LIMITS)
+
+
+@pytest.fixture(params=["engine", "sglang"])
+def service(request: pytest.FixtureRequest, engine: Engine) -> Iterator[LeylineService[Any]]:
+    settings = ServerSettings(max_new_tokens=4)
+    if request.param == "engine":
+        backend: Any = EngineBackend(engine, limits=LIMITS, model_name="smollm2")
+        yield LeylineService(backend, EngineRunner(backend), settings, model_name="smollm2")
+        backend.shutdown()
+    else:
+        scheduler = ScriptedScheduler()
+        backend = SglangBackend(
+            scheduler, engine.tokenizer, limits=LIMITS, vocab_size=engine.vocab_size
+        )
+        stop = engine.loaded.eos_token_ids[0]
+        reply = engine.encode("Step 3.")  # ids that render back as themselves
+        generator = ScriptedGenerator(scheduler, reply, stop, backend.decode)
+        runner = SglangRunner(backend, generator, [stop])
+        yield LeylineService(backend, runner, settings, model_name="smollm2")
+
+
+def _messages(tool: str, *more: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Run the build and tell me the slowest step."},
+        {"role": "assistant", "content": "Running it."},
+        {"role": "user", "content": tool},
+        *more,
+    ]
+
+
+def chat(service: LeylineService[Any], messages: list[dict[str, Any]], **leyline: Any) -> Any:
+    body = {"model": "m", "messages": messages, "max_tokens": 3, "temperature": 0}
+    request = ChatCompletionRequest.model_validate(body | {"leyline": leyline})
+    return asyncio.run(service.chat(request))
+
+
+def state(service: LeylineService[Any], sid: str) -> tuple[tuple[int, ...], int]:
+    view = service.backend.view(service.sessions.get("default", sid).handle)
+    return view.tokens, view.revision
+
+
+def test_a_chat_turn_splices_by_message_anchor(service: LeylineService[Any]) -> None:
+    first = chat(service, _messages(TOOL_OUTPUT), session="s")
+    tokens, revision = state(service, "s")
+    assert first.leyline.revision == revision
+    assert tokens[: first.prompt_tokens] == tuple(
+        service.runner.render(
+            ChatCompletionRequest.model_validate(
+                {"model": "m", "messages": _messages(TOOL_OUTPUT)}
+            ).messages,
+            None,
+        ).tokens
+    )
+    assert tokens[first.prompt_tokens :] == first.generation.tokens  # the reply is held
+
+    edited = _messages(STUB, {"role": "assistant", "content": first.content})
+    edited.append({"role": "user", "content": "And the fastest?"})
+    directive = {"verb": "splice", "span": {"message": 3, "part": "content"}, "replacement": STUB}
+    second = chat(service, edited, session="s", base_revision=revision, directives=[directive])
+    ley = second.leyline
+    summary = str(ley.model_dump(exclude={"spans"}))
+    assert ley.path.value == "splice" and ley.fallback_reason is None, summary
+    assert ley.rotated_tokens > 0
+    assert ley.reused_tokens + ley.prefilled_tokens == second.prompt_tokens
+    assert ley.prefilled_tokens < second.prompt_tokens // 2  # the point of splicing
+    after, after_revision = state(service, "s")
+    assert after_revision == ley.revision > revision
+    assert after[second.prompt_tokens :] == second.generation.tokens
+
+
+def test_a_rejected_chat_turn_changes_nothing(service: LeylineService[Any]) -> None:
+    chat(service, _messages(TOOL_OUTPUT), session="r")
+    before = state(service, "r")
+    stale = {"verb": "splice", "span": {"message": 3, "part": "content"}, "replacement": STUB}
+    for leyline, code in [
+        ({"base_revision": before[1] - 1, "directives": [stale]}, ErrorCode.revision_conflict),
+        ({"base_revision": before[1] - 1}, ErrorCode.revision_conflict),  # a stale extension
+        ({"base_revision": before[1], "directives": [stale | {"span": {"message": 9}}]},
+         ErrorCode.unresolved_anchor),
+    ]:  # fmt: skip
+        with pytest.raises(LeylineError) as info:
+            chat(service, _messages(STUB), session="r", **leyline)
+        assert info.value.code is code
+        assert state(service, "r") == before
+    with pytest.raises(LeylineError) as info:
+        chat(service, _messages(STUB), session="new", directives=[stale], base_revision=0)
+    assert info.value.code is ErrorCode.unknown_session
+    assert not service.sessions.exists("default", "new")

@@ -1,0 +1,158 @@
+"""`leyline eval compose`: the synthesized skills, the no-rotation control's construction,
+and the fast mode end to end on SmolLM2 (its figures checked against themselves and the
+reference against a plain transformers forward)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+from leyline.cli.main import main
+from leyline.evals.compose.arms import unrotated
+from leyline.evals.compose.cases import answer_token, make_items, make_skill
+from leyline.evals.compose.texts import KINDS
+from leyline.server_adapter.engine import Engine
+from leyline.server_adapter.models import build_tiny_mla, load_model
+from leyline.server_adapter.rope import delta_rotate
+from leyline.server_adapter.session import SessionCache
+from leyline.server_adapter.skills import compile_skill
+
+FILES = ("report.json", "report.md", "ttft.png", "kl_by_k.png")
+
+
+def _words(text: str) -> list[int]:
+    """A stand-in tokenizer: one stable id per word, punctuation mark or newline."""
+    return [
+        int.from_bytes(hashlib.blake2b(w.encode(), digest_size=2).digest(), "little")
+        for w in re.findall(r"\w+|[^\w\s]|\n", text)
+    ]
+
+
+def test_skills_are_seeded_fit_their_length_and_ask_about_their_units() -> None:
+    for kind in KINDS:
+        short, long = (make_skill(kind, n, 10_000, _words, 0) for n in (300, 1200))
+        assert short == make_skill(kind, 300, 10_000, _words, 0)
+        assert short.tokens != make_skill(kind, 300, 10_000, _words, 1).tokens
+        assert len(short.tokens) <= 300 and len(long.tokens) <= 1200 and short.units < long.units
+        assert len(make_skill(kind, 1200, 500, _words, 0).tokens) <= 500  # the context cap
+        items = make_items(long, 3, _words, 0)
+        assert [i.unit for i in items] == sorted({i.unit for i in items})  # spread, distinct
+        assert all(i.unit < long.units and i.answer_token is not None for i in items)
+        # Item i has the same prefix at every length; different items differ.
+        assert items[0].prefix == make_items(short, 3, _words, 0)[0].prefix != items[1].prefix
+    assert answer_token(_words, "go to the", " Falcon") == _words("Falcon")[0]
+
+
+@torch.inference_mode()
+def test_the_control_lands_unrotated_and_compose_rotates() -> None:
+    """Tiny MLA (RANDOM WEIGHTS): composed at ``at`` with K = 0, the control's block holds
+    the skill's compiled keys as they are; the real compose holds them rotated by ``at``."""
+    engine = Engine(build_tiny_mla("v3"))
+    layout, rope = engine.layout, engine.rope
+    assert layout is not None and rope is not None
+    gen = torch.Generator().manual_seed(0)
+    prefix, block = (torch.randint(3, engine.vocab_size, (n,), generator=gen) for n in (20, 12))
+    skill = compile_skill(engine, block.tolist(), skill_id="s", tenant="t")
+    at = len(prefix)
+    for control in (False, True):
+        session = SessionCache(engine)
+        session.prefill(prefix.tolist())
+        session.compose(unrotated(engine, skill, at) if control else skill, at, seam_tokens=0)
+        for got, compiled in zip(session.kv, skill.kv, strict=True):
+            keys, want = got[layout.slot][..., at : at + len(skill), :], compiled[layout.slot]
+            if not control:
+                want = delta_rotate(want, at, rope.inv_freq, layout.pairing, offset=layout.offset)
+            assert (keys - want).abs().max() <= 1e-5 * want.abs().max()
+            assert (keys - compiled[layout.slot]).abs().max() > 1e-2 or control
+            other = 1 - layout.slot  # position-free: copied bitwise either way
+            assert torch.equal(got[other][..., at : at + len(skill), :], compiled[other])
+
+
+def test_cli_module_does_not_import_torch() -> None:
+    code = (
+        "import sys, leyline.evals.compose.cli as c; "
+        "assert c.HELP and c.DESCRIPTION and callable(c.add_arguments) and callable(c.run); "
+        "assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.fixture(scope="module")
+def fast_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("compose")
+    assert main(["eval", "compose", "--fast", "--no-progress", "--out", str(out)]) == 0
+    for name in FILES:
+        assert (out / name).stat().st_size > 0, name
+    return json.loads((out / "report.json").read_text())
+
+
+def _kl(records: list[dict[str, Any]], arm: str) -> float:
+    return statistics.fmean(r["arms"][arm]["kl"] for r in records)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_fast_run(fast_report: dict[str, Any]) -> None:
+    config, summary, records = fast_report["config"], fast_report["summary"], fast_report["records"]
+    assert config["fast"] and config["kinds"] == "policy,tools" and config["seams"] == "0,4,16"
+    assert not config["random_weights"] and len(records) == 4
+    assert summary["all_finite"] and summary["fallbacks"] == 0
+    for r in records:
+        assert all(a["finite"] for a in r["arms"].values())
+        assert set(r["paths"].values()) == {"splice"}
+        assert r["arms"]["full"]["kl"] == 0 and r["answer_token"] is not None
+    for kind in ("policy", "tools"):
+        mine = [r for r in records if r["kind"] == kind]
+        (cell,) = [c for c in summary["cells"] if c["kind"] == kind]
+        assert cell["items"] == len(mine) == 2
+        assert abs(cell["arms"]["compose_k16"]["kl"]["mean"] - _kl(mine, "compose_k16")) < 1e-12
+        # The rotation and the seam each matter, and the skill matters far more than either.
+        assert _kl(mine, "norot_k16") > 2 * _kl(mine, "compose_k16")
+        assert _kl(mine, "compose_k16") < _kl(mine, "compose_k0")
+        assert _kl(mine, "no_skill") > 10 * _kl(mine, "compose_k16")
+        p = {
+            a: statistics.fmean(r["arms"][a]["p_answer"] for r in mine)
+            for a in ("full", "no_skill")
+        }
+        assert p["full"] > 100 * p["no_skill"]
+    (row,) = summary["ttft"]
+    assert row["repeats"] == 4 and row["compose"]["0"]["cached"] < row["full"]["cached"]
+    assert [t["met"] for t in summary["targets"]][-1] is None  # no 4k in --fast
+    assert {m["nbytes"] for m in summary["memory"]} and all(
+        m["nbytes"] == m["tokens"] * 30 * 2 * 3 * 64 * 4 for m in summary["memory"]
+    )  # SmolLM2: 30 layers x (K, V) x 3 KV heads x 64 dims x fp32
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@torch.inference_mode()
+def test_the_reference_is_a_plain_forward(fast_report: dict[str, Any]) -> None:
+    """Record 0's ``full`` arm recomputed by transformers alone on prefix + skill + question."""
+    loaded = load_model("smollm2")
+
+    def encode(text: str) -> list[int]:
+        return list(loaded.tokenizer.encode(text, add_special_tokens=False))
+
+    skill = make_skill("policy", 256, 8192, encode, 0)
+    item = make_items(skill, 2, encode, 0)[0]
+    record = fast_report["records"][0]
+    assert (record["kind"], record["index"], record["skill_tokens"]) == (
+        "policy",
+        0,
+        len(skill.tokens),
+    )
+    ids = torch.tensor([list(item.prefix + skill.tokens + item.question)])
+    logits = loaded.model(input_ids=ids, use_cache=False).logits[0, -1].double()
+    p = float(torch.softmax(logits, -1)[record["answer_token"]])
+    assert abs(p - record["arms"]["full"]["p_answer"]) < 1e-4
+    assert (int(logits.argmax()) == record["answer_token"]) == record["arms"]["full"][
+        "answer_is_argmax"
+    ]

@@ -1,0 +1,166 @@
+"""COMPOSE over HTTP on `leyline serve`: skills registered once, composed into sessions by
+token position or message anchor, alone or beside a splice, and what a rejection leaves.
+
+The numbers: the server's next-token distribution after a compose equals the engine's own
+``SessionCache.compose`` of the same skill (whose definition is tested against an
+independent computation in ``tests/server_adapter/test_compose.py``), and a compose next
+to a splice in one batch equals the two applied one after the other.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Any
+
+import pytest
+import torch
+
+from leyline.protocol.resources import Routes, skill_content_hash
+
+from .conftest import Server
+
+pytestmark = [pytest.mark.slow, pytest.mark.model]
+
+RULES = (
+    "Rules for this agent: never delete files outside the workspace; run the tests after "
+    "every edit; answer in one short sentence; cite the file and line you changed."
+)
+LOG = "\n".join(f"step {i}: compiled module_{i}.py in {i * 7} ms, 0 warnings" for i in range(20))
+
+
+def _new_session(http: Any, text: str) -> dict[str, Any]:
+    reply = http.post(Routes.sessions, json={"session": uuid.uuid4().hex, "text": text})
+    assert reply.status_code == 201, reply.text
+    return dict(reply.json())
+
+
+def _skill(http: Any, **body: Any) -> dict[str, Any]:
+    reply = http.post(Routes.skills, json=body)
+    assert reply.status_code == 201, reply.text
+    return dict(reply.json())
+
+
+def _logprobs(http: Any, session: str, tokens: list[int]) -> dict[int, float]:
+    body = {
+        "prompt": tokens, "max_tokens": 1, "temperature": 0, "logprobs": 5,
+        "leyline": {"session": session},
+    }  # fmt: skip
+    reply = http.post("/v1/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    top = reply.json()["choices"][0]["logprobs"]["top_logprobs"][0]
+    return {int(http.post(Routes.tokenize, json={"text": t}).json()["tokens"][0]): lp
+            for t, lp in top.items() if len(http.post(Routes.tokenize, json={"text": t})
+                                            .json()["tokens"]) == 1}  # fmt: skip
+
+
+def test_skills_are_registered_listed_read_and_deleted(server: Server) -> None:
+    with server.client() as http:
+        info = _skill(http, skill="rules-crud", text=RULES, name="agent rules")
+        assert info["num_tokens"] > 10 and info["name"] == "agent rules"
+        full = http.get(Routes.skill.format(skill="rules-crud"), params={"tokens": "true"}).json()
+        assert full["content_hash"] == skill_content_hash(full["model"], full["tokens"])
+        listed = http.get(Routes.skills).json()["skills"]
+        assert "rules-crud" in [s["skill"] for s in listed]
+        assert http.delete(Routes.skill.format(skill="rules-crud")).status_code == 204
+        gone = http.get(Routes.skill.format(skill="rules-crud"))
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "unknown_skill"
+
+
+def test_a_compose_equals_the_engines_and_reports_its_block(server: Server) -> None:
+    from leyline.server_adapter.engine import Engine
+    from leyline.server_adapter.models import load_model
+    from leyline.server_adapter.session import SessionCache
+    from leyline.server_adapter.skills import compile_skill
+
+    with server.client() as http:
+        skill = _skill(http, skill="rules-eq", text=RULES)
+        made = _new_session(http, LOG)
+        sid, before = (
+            made["session"],
+            http.get(
+                Routes.session.format(session=made["session"]), params={"tokens": "true"}
+            ).json(),
+        )
+        at = len(before["tokens"]) // 2
+        directive = {"verb": "compose", "skill": "rules-eq", "at": at, "seam_tokens": 4}
+        reply = http.post(
+            Routes.directives.format(session=sid),
+            json={"base_revision": before["revision"], "directives": [directive]},
+        )
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        assert body["path"] == "splice" and body["rotated_tokens"] > 0
+        n = skill["num_tokens"]
+        assert body["composed"] == [{"directive": 0, "skill": "rules-eq", "start": at,
+                                     "end": at + n}]  # fmt: skip
+        after = http.get(Routes.session.format(session=sid), params={"tokens": "true"}).json()
+        rules = http.get(Routes.skill.format(skill="rules-eq"), params={"tokens": "true"}).json()
+        assert after["tokens"] == before["tokens"][:at] + rules["tokens"] + before["tokens"][at:]
+        got = _logprobs(http, sid, after["tokens"] + [28])
+
+    engine = Engine(load_model("smollm2"))
+    session = SessionCache(engine)
+    session.prefill(before["tokens"])
+    session.compose(compile_skill(engine, rules["tokens"], skill_id="x", tenant="t"), at,
+                    seam_tokens=4)  # fmt: skip
+    session.prefill(after["tokens"] + [28])
+    expected = torch.log_softmax(session.next_token_logits().double(), -1)
+    assert got and all(math.isclose(lp, float(expected[t]), abs_tol=2e-3) for t, lp in got.items())
+
+
+def test_compose_beside_a_splice_and_by_message_anchor(server: Server) -> None:
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Build it."},
+        {"role": "tool", "content": LOG},
+        {"role": "user", "content": "Which step was slowest?"},
+    ]
+    with server.client() as http:
+        _skill(http, skill="rules-anchor", text=RULES)
+        sid = uuid.uuid4().hex
+        made = http.post(Routes.sessions, json={"session": sid, "messages": messages})
+        assert made.status_code == 201, made.text
+        info = made.json()
+        batch = [
+            {"verb": "compose", "skill": "rules-anchor", "at": {"message": 1}},
+            {"verb": "splice", "span": {"message": 2, "part": "content"},
+             "replacement": "[log removed]"},
+        ]  # fmt: skip
+        reply = http.post(
+            Routes.directives.format(session=sid),
+            json={"base_revision": info["revision"], "directives": batch},
+        )
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        assert body["path"] == "splice", body
+        (block,) = body["composed"]
+        start = info["spans"][1]["start"]
+        assert block["start"] == start and block["directive"] == 0
+        after = http.get(Routes.session.format(session=sid), params={"tokens": "true"}).json()
+        rules = http.get(Routes.skill.format(skill="rules-anchor"), params={"tokens": "true"})
+        assert after["tokens"][start : block["end"]] == rules.json()["tokens"]
+        assert after["revision"] == info["revision"] + 1
+
+
+def test_a_rejected_compose_changes_nothing_and_skills_stay_with_their_tenant(
+    server: Server,
+) -> None:
+    with server.client() as http:
+        _skill(http, skill="rules-own", text=RULES)
+        made = _new_session(http, LOG)
+        sid = made["session"]
+        url = Routes.session.format(session=sid)
+        before = http.get(url, params={"tokens": "true"}).json()
+        for directive, code in [
+            ({"verb": "compose", "skill": "no-such-skill", "at": 3}, "unknown_skill"),
+            ({"verb": "compose", "skill": "rules-own", "at": 10**6}, "invalid_span"),
+            ({"verb": "compose", "skill": "rules-own", "at": 3,
+              "recompute": {"mode": "deviation", "ratio": 0.2}}, "unsupported_option"),
+        ]:  # fmt: skip
+            reply = http.post(
+                Routes.directives.format(session=sid),
+                json={"base_revision": before["revision"], "directives": [directive]},
+            )
+            assert reply.status_code >= 400 and reply.json()["error"]["code"] == code, reply.text
+            assert http.get(url, params={"tokens": "true"}).json() == before
