@@ -93,25 +93,39 @@ def compose_runs(
 def batch_runs(
     result: EditResult, blocks: Mapping[int, tuple[Skill, int]], base: KVCache
 ) -> list[SourcedRun]:
-    """The runs of a batch: kept runs read ``base``; the inserted run starting at a key of
-    ``blocks`` (a compose: its skill and seam) is split into the prefilled seam and the
-    skill's KV copied with keys rotated by its position; other inserted runs (a splice's
-    replacement) are prefilled."""
+    """The runs of a batch: kept runs read ``base``; inside an inserted run, each composed
+    block (keyed by its start: its skill and seam) is split into the prefilled seam and the
+    skill's KV copied with keys rotated by its position, and the rest (a splice's
+    replacement, which the algebra may merge with an adjacent block into one run) is
+    prefilled."""
     out: list[SourcedRun] = []
     for run in result.runs:
-        block = blocks.get(run.new_start) if run.kind == "inserted" else None
-        if block is None:
+        if run.kind != "inserted":
             out.append(SourcedRun(run, base) if run.kind == "kept" else SourcedRun(run))
             continue
-        skill, seam_tokens = block
-        assert len(run) == len(skill), (run, len(skill))
-        seam_end = run.new_start + min(seam_tokens, len(skill))
-        if seam_end > run.new_start:
-            out.append(SourcedRun(Run("inserted", run.new_start, seam_end)))
-        if seam_end < run.new_end:
-            # old_start indexes the skill's own positions: delta = at, as the definition says.
-            copied = Run("kept", seam_end, run.new_end, seam_end - run.new_start)
-            out.append(SourcedRun(copied, skill.kv))
+        at = run.new_start
+        for start in sorted(b for b in blocks if run.new_start <= b < run.new_end):
+            skill, seam_tokens = blocks[start]
+            assert start + len(skill) <= run.new_end, (run, start, len(skill))
+            if start > at:
+                out.append(SourcedRun(Run("inserted", at, start)))
+            out.extend(_block_runs(start, skill, seam_tokens))
+            at = start + len(skill)
+        if at < run.new_end:
+            out.append(SourcedRun(Run("inserted", at, run.new_end)))
+    return out
+
+
+def _block_runs(start: int, skill: Skill, seam_tokens: int) -> list[SourcedRun]:
+    """A block at ``start``: its first tokens prefilled in context, the rest copied."""
+    seam_end = start + min(seam_tokens, len(skill))
+    out: list[SourcedRun] = []
+    if seam_end > start:
+        out.append(SourcedRun(Run("inserted", start, seam_end)))
+    if seam_end < start + len(skill):
+        # old_start indexes the skill's own positions: delta = start, as the definition says.
+        copied = Run("kept", seam_end, start + len(skill), seam_end - start)
+        out.append(SourcedRun(copied, skill.kv))
     return out
 
 

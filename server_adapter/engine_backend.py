@@ -136,20 +136,21 @@ class EngineBackend:
     async def execute(
         self, handle: SessionCache, plan: EditPlan, *, allow_fallback: bool
     ) -> OpReport:
+        return await self.run(lambda: self.execute_now(handle, plan, allow_fallback))
+
+    def execute_now(self, handle: SessionCache, plan: EditPlan, allow_fallback: bool) -> OpReport:
+        """``execute`` on the calling thread (the model worker): a plan's composes get
+        ``plan.tenant``'s skills, held while it runs (a skill in use is never evicted,
+        replaced or deleted)."""
         if not plan.composes:
-            return await self.run(lambda: handle.execute(plan, allow_fallback=allow_fallback))
+            return handle.execute(plan, allow_fallback=allow_fallback)
         tenant = plan.tenant or DEFAULT_TENANT
-
-        def work() -> OpReport:
-            # Held for the compose: a skill in use is never evicted, replaced or deleted.
-            with ExitStack() as held:
-                skills = {
-                    c.index: held.enter_context(self.skills.using(tenant, c.skill))
-                    for c in plan.composes
-                }
-                return handle.execute(plan, allow_fallback=allow_fallback, skills=skills)
-
-        return await self.run(work)
+        with ExitStack() as held:
+            skills = {
+                c.index: held.enter_context(self.skills.using(tenant, c.skill))
+                for c in plan.composes
+            }
+            return handle.execute(plan, allow_fallback=allow_fallback, skills=skills)
 
     # -- skills ---------------------------------------------------------------------------
 

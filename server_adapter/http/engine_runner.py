@@ -40,16 +40,16 @@ class EngineRunner:
         def work() -> Outcome:
             if turn.cancelled():
                 raise Cancelled  # the client left while this waited in the queue
-            return _turn(turn)
+            return _turn(self.backend, turn)
 
         return await self.backend.run(work)
 
 
-def _turn(turn: Turn[SessionCache]) -> Outcome:
+def _turn(backend: EngineBackend, turn: Turn[SessionCache]) -> Outcome:
     session = turn.handle
     edit = None
-    if turn.plan is not None:
-        edit = session.execute(turn.plan, allow_fallback=turn.allow_fallback)
+    if turn.plan is not None:  # through the backend: a compose needs its skills
+        edit = backend.execute_now(session, turn.plan, turn.allow_fallback)
     edited = session.tokens
     if turn.spans is not None:
         spans = turn.spans

@@ -164,3 +164,38 @@ def test_a_rejected_compose_changes_nothing_and_skills_stay_with_their_tenant(
             )
             assert reply.status_code >= 400 and reply.json()["error"]["code"] == code, reply.text
             assert http.get(url, params={"tokens": "true"}).json() == before
+
+
+def test_the_sdk_composes_a_registered_skill_in_a_chat(server: Server) -> None:
+    """The agent-side path on the real server: ``SkillLibrary`` registers a message's block,
+    ``LeylineOpenAI`` sends a compose for it in a chat request (with the tail splice the
+    turn needs in the same batch), and the block's KV is copied, not prefilled."""
+    import openai
+
+    from leyline.policies import LeylineOpenAI
+    from leyline.policies.skills import SkillLibrary
+    from leyline.protocol.client import LeylineClient
+
+    from .conftest import API_KEY
+
+    library = SkillLibrary(LeylineClient(server.base_url, api_key=API_KEY))
+    entry = library.register("rules-sdk", RULES, role="user")
+    base = openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY)
+    client = LeylineOpenAI(base, session=f"sdk-{uuid.uuid4().hex[:8]}", skills=library)
+    messages: list[Any] = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi."},
+    ]
+    first = client.chat.completions.create(
+        model="m", messages=messages, max_tokens=3, temperature=0
+    )
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        library.message("rules-sdk"),
+        {"role": "user", "content": "What is 2+2?"},
+    ]
+    client.chat.completions.create(model="m", messages=messages, max_tokens=3, temperature=0)
+    record = client.records[-1]
+    assert record.composed == (entry.skill,) and record.resync is None, record
+    assert record.path == "splice"
+    assert (record.rotated_tokens or 0) >= entry.info.num_tokens - 4  # the block was copied

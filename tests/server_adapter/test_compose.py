@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from leyline.protocol.algebra import Edit
-from leyline.protocol.directives import Mode
+from leyline.protocol.directives import Mode, Verb
 from leyline.protocol.envelope import Path
 from leyline.protocol.errors import ErrorCode, LeylineError
 from leyline.protocol.fallback import FallbackReason
@@ -443,3 +443,32 @@ def test_store_refuses_to_replace_a_skill_in_use(mla: Engine) -> None:
         assert store.get("t", "x") is held
     replaced = store.register(mla, random_tokens(16, mla.vocab_size, 2), skill_id="x", tenant="t")
     assert replaced is not held and store.get("t", "x") is replaced
+
+
+def test_a_compose_next_to_a_splice_in_one_batch_equals_the_two_in_turn(mla: Engine) -> None:
+    """A splice replacing the session's tail and a compose at its end: the algebra merges
+    the two insertions into one run, and the block inside it must still be copied (not
+    prefilled). The batch equals the splice, then the compose at the block's position."""
+    from leyline.protocol import ComposeDirective, SpliceDirective, TokenSpan
+    from leyline.server_adapter.core.batch import plan_batch
+
+    skill = _skill(mla)
+    batched, sequential = _session(mla), _session(mla)
+    n = len(batched.tokens)
+    replacement = random_tokens(6, mla.vocab_size, 5)
+    directives = [
+        SpliceDirective(span=TokenSpan(start=n - 8, end=n), replacement=replacement),
+        ComposeDirective(skill="s", at=n, seam_tokens=4),
+    ]
+    plan = plan_batch(
+        batched.view, directives, tokenize=mla.encode, limits=mla.limits,
+        vocab_size=mla.vocab_size, supported=list(Verb), skill_tokens=lambda _: skill.tokens,
+    )  # fmt: skip
+    report = batched.execute(plan, skills={1: skill})
+    assert report.reused_tokens == (n - 8) + (len(skill) - 4)  # the block's copy counted
+    sequential.apply_edits([Edit(n - 8, n, tuple(replacement))])
+    sequential.compose(skill, n - 8 + len(replacement), seam_tokens=4)
+    assert batched.tokens == sequential.tokens
+    got = torch.log_softmax(batched.next_token_logits().double(), -1)
+    want = torch.log_softmax(sequential.next_token_logits().double(), -1)
+    assert float((got - want).abs().max()) < 1e-4
