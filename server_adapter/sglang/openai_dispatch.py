@@ -15,12 +15,18 @@ import json
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from leyline.protocol import ErrorCode, LeylineError
+
+from ..core.route_guard import error_response
 from ..http.errors import install_error_handlers
 from ..http.routes_openai import openai_router
 from ..http.service import LeylineService
 from .backend import SglangSession
 
 ROUTED = frozenset({"/v1/chat/completions", "/v1/completions"})
+MAX_BODY_BYTES = 32 * 1024**2
+"""The most this middleware buffers to look for a ``leyline`` key (the reference server's
+default body limit is far smaller); a larger body is refused, never read whole."""
 
 
 def leyline_openai_app(service: LeylineService[SglangSession]) -> FastAPI:
@@ -34,9 +40,12 @@ def leyline_openai_app(service: LeylineService[SglangSession]) -> FastAPI:
 class LeylineDispatch:
     """Sends ``leyline``-bearing chat / completions requests to ``leyline_app``."""
 
-    def __init__(self, app: ASGIApp, leyline_app: ASGIApp) -> None:
+    def __init__(
+        self, app: ASGIApp, leyline_app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES
+    ) -> None:
         self.app = app
         self.leyline_app = leyline_app
+        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in ROUTED:
@@ -50,6 +59,14 @@ class LeylineDispatch:
             if message["type"] != "http.request":
                 break  # a disconnect: let the app see it
             body += message.get("body", b"")
+            if len(body) > self.max_body_bytes:
+                too_large = LeylineError(
+                    ErrorCode.limit_exceeded,
+                    f"request body is larger than {self.max_body_bytes} bytes",
+                    "body",
+                )
+                await error_response(too_large)(scope, receive, send)
+                return
             if not message.get("more_body", False):
                 break
         replay = iter(messages)
