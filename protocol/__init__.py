@@ -28,14 +28,23 @@ from .directives import (
     RecomputeNone,
     ScratchDirective,
     SpliceDirective,
+    UnpinDirective,
     Verb,
     from_tuple,
     to_tuple,
 )
-from .envelope import ComposedBlock, LeylineRequest, LeylineResponse, Path, RequestOptions
+from .envelope import (
+    ComposedBlock,
+    DroppedSpan,
+    LeylineRequest,
+    LeylineResponse,
+    Path,
+    RequestOptions,
+)
 from .errors import ErrorBody, ErrorCode, ErrorEnvelope, LeylineError
 from .fallback import FallbackReason
-from .resolve import ResolvedBatch, ResolvedCompose, resolve_batch
+from .resolve import ResolvedBatch, ResolvedCompose, ResolvedMark, resolve_batch
+from .retention import Mark, Marks
 from .spans import (
     InsertionPoint,
     MessageAnchor,
@@ -53,6 +62,7 @@ __all__ = [
     "ComposedBlock",
     "DecayDirective",
     "Directive",
+    "DroppedSpan",
     "Edit",
     "EditResult",
     "ErratumDirective",
@@ -66,6 +76,8 @@ __all__ = [
     "LeylineRequest",
     "LeylineResponse",
     "Limits",
+    "Mark",
+    "Marks",
     "MessageAnchor",
     "MessagePoint",
     "MessageSpan",
@@ -80,10 +92,12 @@ __all__ = [
     "RequestOptions",
     "ResolvedBatch",
     "ResolvedCompose",
+    "ResolvedMark",
     "Run",
     "ScratchDirective",
     "SpliceDirective",
     "TokenSpan",
+    "UnpinDirective",
     "Verb",
     "apply_edits",
     "from_tuple",

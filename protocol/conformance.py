@@ -70,6 +70,7 @@ class ConformanceSuite:
             ("bad batches: typed errors, nothing changed", self.check_rejections),
             ("unsupported verbs are refused, never ignored", self.check_unsupported),
             ("compose inserts a registered skill", self.check_compose),
+            ("a pin refuses edits that touch it and moves with others", self.check_retention),
             ("deleted sessions are gone", self.check_delete),
             ("schema is served", self.check_schema),
         ]
@@ -238,7 +239,9 @@ class ConformanceSuite:
                 self._rejected(info, {"base_revision": r, "directives": directives}, code)
 
     def check_unsupported(self) -> None:
-        missing = [v for v in (Verb.pin, Verb.decay, Verb.scratch) if v not in self.verbs]
+        missing = [
+            v for v in (Verb.pin, Verb.unpin, Verb.decay, Verb.scratch) if v not in self.verbs
+        ]
         with self._session() as info:
             for verb in missing:
                 body = {
@@ -287,6 +290,37 @@ class ConformanceSuite:
             _expect(exc.code is ErrorCode.unknown_skill, f"got {exc.code}")
             return
         raise _Failed("a deleted skill is still there")
+
+    def check_retention(self) -> None:
+        """Only where pin is advertised (check_unsupported covers its refusal)."""
+        if Verb.pin not in self.verbs:
+            return
+        with self._session() as info:
+            assert info.tokens is not None
+            pin = [{"verb": "pin", "span": {"start": 6, "end": 10}}]
+            self._apply_and_compare(info, [], pin, changes=False)
+            pinned = self.client.get_session(info.session, include_tokens=True)
+            marks = [(m.verb, m.start, m.end) for m in pinned.marks]
+            _expect(marks == [("pin", 6, 10)], f"marks are {marks}")
+            for start, end in ((8, 12), (9, 9), (4, 7)):  # overlapping, inside, overlapping
+                raw = [{"verb": "splice", "span": {"start": start, "end": end}, "replacement": [5]}]
+                body = {"base_revision": pinned.revision, "directives": raw}
+                self._rejected(pinned, body, ErrorCode.pinned_span)
+            decay = [{"verb": "decay", "span": {"start": 9, "end": 12}}]
+            body = {"base_revision": pinned.revision, "directives": decay}
+            self._rejected(pinned, body, ErrorCode.pinned_span)
+            # An edit before it moves it with its tokens.
+            raw = [{"verb": "splice", "span": {"start": 1, "end": 4}, "replacement": [7]}]
+            self._apply_and_compare(pinned, [Edit(1, 4, (7,))], raw)
+            moved = self.client.get_session(info.session, include_tokens=True)
+            assert moved.tokens is not None
+            marks = [(m.verb, m.start, m.end) for m in moved.marks]
+            _expect(marks == [("pin", 4, 8)], f"the pin did not move with its tokens: {marks}")
+            _expect(moved.tokens[4:8] == info.tokens[6:10], "the pinned tokens changed")
+            unpin = [{"verb": "unpin", "span": {"start": 4, "end": 5}}]
+            self._apply_and_compare(moved, [], unpin, changes=False)
+            left = self.client.get_session(info.session).marks
+            _expect(left == [], f"unpin left {left}")
 
     def check_delete(self) -> None:
         name = f"conformance-{uuid.uuid4().hex[:10]}"

@@ -20,6 +20,7 @@ class Verb(StrEnum):
     erratum = "erratum"
     compose = "compose"
     pin = "pin"
+    unpin = "unpin"
     decay = "decay"
     scratch = "scratch"
 
@@ -146,26 +147,67 @@ class ComposeDirective(_Directive):
     )
 
 
+MAX_PIN_TTL_S = 7 * 24 * 3600.0
+"""The longest ``ttl_s`` a pin may ask for (a week)."""
+
+MAX_DECAY_PRIORITY = 1_000_000
+
+
 class PinDirective(_Directive):
-    """Mark ``span`` as pinned: never evicted, and policies must not edit it."""
+    """Keep ``span`` as it is: edits that touch it are refused (``pinned_span``) and its
+    session is evicted last (never while ``ttl_s`` runs)."""
 
     verb: Literal["pin"] = "pin"
+    span: Span
+    ttl_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=MAX_PIN_TTL_S,
+        allow_inf_nan=False,
+        description="Seconds the pin holds; none: until unpinned. While it holds, the "
+        "session is never evicted.",
+    )
+
+
+class UnpinDirective(_Directive):
+    """Remove every pin that overlaps ``span`` (none is not an error)."""
+
+    verb: Literal["unpin"] = "unpin"
     span: Span
 
 
 class DecayDirective(_Directive):
-    """Mark ``span`` as evict-first under memory pressure (dropped as by FORGET)."""
+    """``span`` may be dropped under memory pressure (lowest ``priority`` first), executed
+    as ``mode`` with ``replacement``, before any whole session is evicted."""
 
     verb: Literal["decay"] = "decay"
     span: Span
+    priority: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_DECAY_PRIORITY,
+        description="Lower is dropped first; ties go oldest mark first.",
+    )
+    mode: Mode = Field(default=Mode.forget, description="How the drop is executed.")
+    replacement: Replacement = Field(
+        default="", description="What the span becomes when dropped (a stub); default empty."
+    )
 
 
 class ScratchDirective(_Directive):
-    """``span`` is visible until the end of the current turn, then dropped with ``mode``."""
+    """``span`` is visible to the generation that follows, then dropped as ``mode`` with
+    ``replacement`` when that generation completes."""
 
     verb: Literal["scratch"] = "scratch"
     span: Span
-    mode: Mode = Mode.forget
+    mode: Mode = Field(default=Mode.forget, description="How the drop is executed.")
+    replacement: Replacement = Field(
+        default="", description="What the span becomes when dropped; default empty."
+    )
+
+
+RetentionDirective = PinDirective | UnpinDirective | DecayDirective | ScratchDirective
+"""The verbs that mark a span without changing a token (docs/protocol.md, 3.5)."""
 
 
 Directive = Annotated[
@@ -174,6 +216,7 @@ Directive = Annotated[
     | ErratumDirective
     | ComposeDirective
     | PinDirective
+    | UnpinDirective
     | DecayDirective
     | ScratchDirective,
     Field(discriminator="verb"),
@@ -184,6 +227,8 @@ DIRECTIVE_LIST_ADAPTER: TypeAdapter[list[Directive]] = TypeAdapter(list[Directiv
 
 #: Verbs that change the token sequence (the edit algebra executes them).
 EDITING_VERBS = frozenset({Verb.splice, Verb.forget, Verb.erratum, Verb.compose})
+#: Verbs that mark a span without changing a token (``protocol.retention`` keeps them).
+RETENTION_VERBS = frozenset({Verb.pin, Verb.unpin, Verb.decay, Verb.scratch})
 
 
 def from_tuple(

@@ -53,6 +53,19 @@ class Path(StrEnum):
     """The request extended the cached sequence; nothing cached was recomputed."""
 
 
+class DroppedSpan(BaseModel):
+    """A ``decay`` or ``scratch`` span the server dropped (docs/protocol.md, 3.5)."""
+
+    # A response: a client ignores fields a newer minor version adds (docs/protocol.md, 9).
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    verb: str = Field(description="decay (under memory pressure) or scratch (end of turn).")
+    start: int = Field(ge=0, description="First token of the span, in the revision before.")
+    end: int = Field(ge=0, description="One past its last token, in the revision before.")
+    revision: int = Field(ge=0, description="The revision the drop made.")
+    replacement_tokens: int = Field(ge=0, description="Tokens of the stub left in its place.")
+
+
 class ComposedBlock(BaseModel):
     """Where a ``compose`` of the batch put its skill's tokens in the new revision."""
 
@@ -82,4 +95,9 @@ class LeylineResponse(BaseModel):
     composed: list[ComposedBlock] = Field(
         default_factory=list,
         description="The blocks this request's compose directives inserted, in batch order.",
+    )
+    dropped: list[DroppedSpan] = Field(
+        default_factory=list,
+        description="Decay and scratch spans dropped since the session's last response, "
+        "oldest first.",
     )

@@ -38,6 +38,8 @@ class ErrorCode(StrEnum):
     """No skill with that id is registered for the caller's tenant."""
     skill_mismatch = "skill_mismatch"
     """The skill is bound to another model, tokenizer or chat template than the session's."""
+    pinned_span = "pinned_span"
+    """An edit touches a pinned span (unpin it first, or edit elsewhere)."""
     session_too_long = "session_too_long"
     limit_exceeded = "limit_exceeded"
     """A server limit other than the ones above (body size, sessions, cache memory)."""
@@ -69,6 +71,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.unsupported_option: 501,
     ErrorCode.unknown_skill: 404,
     ErrorCode.skill_mismatch: 409,
+    ErrorCode.pinned_span: 409,
     ErrorCode.session_too_long: 413,
     ErrorCode.limit_exceeded: 413,
     ErrorCode.incompatible_version: 400,

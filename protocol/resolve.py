@@ -13,13 +13,17 @@ from .algebra import Edit
 from .capabilities import Limits
 from .directives import (
     ComposeDirective,
+    DecayDirective,
     Directive,
     ErratumDirective,
     ForgetDirective,
     Mode,
+    PinDirective,
     Recompute,
     RecomputeMode,
+    RetentionDirective,
     SpliceDirective,
+    UnpinDirective,
     Verb,
 )
 from .errors import ErrorCode, LeylineError
@@ -47,6 +51,20 @@ class ResolvedCompose:
 
 
 @dataclass(frozen=True, slots=True)
+class ResolvedMark:
+    """A ``pin``, ``unpin``, ``decay`` or ``scratch``, resolved to a token span of the base."""
+
+    index: int
+    verb: Verb
+    start: int
+    end: int
+    ttl_s: float | None = None
+    priority: int = 0
+    mode: Mode = Mode.forget
+    replacement: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ResolvedBatch:
     """Edits for the algebra, plus the non-editing directives (pin, decay, scratch) as spans.
 
@@ -55,7 +73,7 @@ class ResolvedBatch:
     """
 
     edits: tuple[Edit, ...]
-    marks: tuple[tuple[Verb, TokenSpan], ...] = field(default=())
+    marks: tuple[ResolvedMark, ...] = field(default=())
     composes: tuple[ResolvedCompose, ...] = field(default=())
 
 
@@ -162,7 +180,7 @@ def resolve_batch(
                 )
 
     edits: list[Edit] = []
-    marks: list[tuple[Verb, TokenSpan]] = []
+    marks: list[ResolvedMark] = []
     composes: list[ResolvedCompose] = []
     for i, directive in enumerate(directives):
         where = f"directives[{i}]"
@@ -181,9 +199,7 @@ def resolve_batch(
             edits.append(edit)
             composes.append(compose)
         else:
-            marks.append(
-                (Verb(directive.verb), resolve_span(directive.span, spans, length, f"{where}.span"))
-            )
+            marks.append(_mark(directive, length, spans, tokenize, limits, where, i))
     return ResolvedBatch(tuple(edits), tuple(marks), tuple(composes))
 
 
@@ -197,6 +213,35 @@ def _tokens(value: Replacement, tokenize: Tokenize, limits: Limits, where: str) 
             where,
         )
     return tokens
+
+
+def _mark(
+    directive: RetentionDirective,
+    length: int,
+    spans: Sequence[MessageSpan],
+    tokenize: Tokenize,
+    limits: Limits,
+    where: str,
+    index: int,
+) -> ResolvedMark:
+    span = resolve_span(directive.span, spans, length, f"{where}.span")
+    if span.start == span.end:
+        raise LeylineError(
+            ErrorCode.invalid_span,
+            f"{directive.verb} marks tokens: span [{span.start}, {span.end}) is empty",
+            f"{where}.span",
+        )
+    verb = Verb(directive.verb)
+    if isinstance(directive, PinDirective):
+        return ResolvedMark(index, verb, span.start, span.end, ttl_s=directive.ttl_s)
+    if isinstance(directive, UnpinDirective):
+        return ResolvedMark(index, verb, span.start, span.end)
+    replacement = _tokens(directive.replacement, tokenize, limits, f"{where}.replacement")
+    priority = directive.priority if isinstance(directive, DecayDirective) else 0
+    return ResolvedMark(
+        index, verb, span.start, span.end, priority=priority, mode=Mode(directive.mode),
+        replacement=replacement,
+    )  # fmt: skip
 
 
 def _compose(

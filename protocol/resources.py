@@ -75,12 +75,33 @@ class SessionCreate(_Body):
         return self
 
 
+class MarkInfo(_Reply):
+    """A retention mark a session holds (docs/protocol.md, 3.5), in its current revision."""
+
+    verb: str = Field(description="pin, decay or scratch.")
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    expires_at: float | None = Field(
+        default=None,
+        description="When a pin with ttl_s lapses (Unix time, seconds); none: it holds until "
+        "unpinned.",
+    )
+    priority: int | None = Field(default=None, description="A decay's priority.")
+    mode: str | None = Field(default=None, description="How a decay or scratch is dropped.")
+    replacement_tokens: int | None = Field(
+        default=None, description="Tokens of the stub a decay or scratch leaves."
+    )
+
+
 class SessionInfo(_Reply):
     session: str
     revision: int = Field(ge=0)
     num_tokens: int = Field(ge=0)
     tokens: list[TokenId] | None = Field(default=None, description="With ?tokens=true.")
     spans: list[MessageSpan] = Field(default_factory=list)
+    marks: list[MarkInfo] = Field(
+        default_factory=list, description="Its pin, decay and scratch marks, by start."
+    )
 
 
 class SkillCreate(_Body):

@@ -23,6 +23,7 @@ from .chat.render import ChatRenderer
 from .core.backend import Rendered, SkillLabel
 from .core.batch import EditPlan, SessionView
 from .core.report import OpReport
+from .core.retention import MARKING_VERBS
 from .core.sessions import DEFAULT_TENANT
 from .engine import Engine
 from .http.openai_types import parse_chat
@@ -76,7 +77,7 @@ class EngineBackend:
         layouts = [] if self.engine.layout is None else [self.engine.layout.kind]
         return Capabilities(
             protocol_version=PROTOCOL_VERSION,
-            verbs=[*EXECUTED_VERBS, Verb.compose],
+            verbs=[*EXECUTED_VERBS, Verb.compose, *MARKING_VERBS],
             architectures=layouts,
             models=[self.model_name],
             limits=self._limits,

@@ -3,8 +3,9 @@
 * no 5xx (a 501 ``unsupported_verb`` is the protocol's answer for a verb it does not run);
 * every 4xx/5xx body is exactly the protocol's error body, its code's HTTP status (a 3xx
   is the framework's trailing-slash redirect: it must carry a Location);
-* a rejected request leaves the session it names as it was (tokens, revision, spans) and
-  creates none (an id that did not exist still answers 404);
+* a rejected request leaves the session it names as it was (tokens, revision, spans, marks)
+  and creates none (an id that did not exist still answers 404); a rejected request to the
+  skills resource leaves the tenant's skills as they were;
 * the keep-alive connection survives (same socket), and a stream ends with ``[DONE]``.
 """
 
@@ -17,8 +18,17 @@ from typing import Any
 
 from leyline.protocol.errors import HTTP_STATUS, ErrorCode
 
-from .fuzz import BASE_SESSIONS, NEW_SESSIONS, POOL, Call, Fuzzer, session_path
-from .shapes import CONVERSATION, View
+from .fuzz import (
+    BASE_SESSIONS,
+    NEW_SESSIONS,
+    POOL,
+    SKILL_ROUTES,
+    Call,
+    Fuzzer,
+    session_path,
+    skill_path,
+)
+from .shapes import CONVERSATION, SKILLS, View
 from .wire import Outcome, Wire
 
 MAX_TOKENS = 400
@@ -63,6 +73,7 @@ class Checker:
         self._connection: int | None = None
         self._previous: Call | None = None
         self._unnamed: list[str] = []  # sessions created with a server-chosen id
+        self.skills: Skills | None = None  # the tenant's skills; None: the server keeps none
 
     # -- state -------------------------------------------------------------------------
 
@@ -75,8 +86,25 @@ class Checker:
             raise RuntimeError(f"GET {session!r} answered {got.status}: {got.body[:300]!r}")
         return dict(json.loads(got.body))
 
+    def read_skills(self) -> Skills | None:
+        self.tally.setup_requests += 1
+        got = self.wire.send("GET", "/leyline/v1/skills")
+        if got.status == 501:
+            return None  # no compose on this server: the resource is refused whole
+        if got.status != 200:
+            raise RuntimeError(f"GET skills answered {got.status}: {got.body[:300]!r}")
+        listed = json.loads(got.body)["skills"]
+        return {s["skill"]: (s["content_hash"], s["num_tokens"]) for s in listed}
+
     def prepare(self) -> None:
-        """Before each request: base sessions exist and stay short; new ones go now and then."""
+        """Before each request: base sessions exist and stay short; new ones go now and then;
+        the kept skill is registered (composes need one to be accepted)."""
+        if self.skills is None and self.tally.requests == 0:
+            self.skills = self.read_skills()
+        if self.skills is not None and SKILLS[0] not in self.skills:
+            body = json.dumps({"skill": SKILLS[0], "text": "Rule 1: answer in one word."})
+            self._setup("POST", "/leyline/v1/skills", body.encode(), expect=201)
+            self.skills = self.read_skills()
         for session in POOL:
             if session not in self.views:
                 self.views[session] = self.read(session)
@@ -103,9 +131,11 @@ class Checker:
                 self.views[session] = now
 
     def cleanup(self) -> None:
-        """Delete every session the fuzz made (the pool and server-named ones)."""
+        """Delete every session and skill the fuzz made (the pools and server-named ones)."""
         for session in (*POOL, *self._unnamed):
             self.wire.send("DELETE", session_path(session))
+        for skill in self.skills or {}:
+            self.wire.send("DELETE", skill_path(skill))
 
     def _setup(
         self, method: str, path: str, body: bytes | None = None, expect: int | None = None
@@ -138,8 +168,18 @@ class Checker:
                 detail = f"{call.session!r}: {_diff(before, after)} ({code})"
                 self._violate(kind, call, got.status, detail)
             self.views[call.session] = after
+        if call.route in SKILL_ROUTES and self.skills is not None:
+            self._check_skills(call, got)
         self._previous = call
         return got
+
+    def _check_skills(self, call: Call, got: Outcome) -> None:
+        before, after = self.skills, self.read_skills()
+        if got.status and not 200 <= got.status < 300 and after != before:
+            kind = "created" if set(after or ()) - set(before or ()) else "state change"
+            detail = f"skills {sorted(before or ())} -> {sorted(after or ())}"
+            self._violate(kind, call, got.status, detail)
+        self.skills = after
 
     def _count(self, call: Call, got: Outcome) -> None:
         tally = self.tally
@@ -220,11 +260,18 @@ def _success_problem(got: Outcome) -> str:
 def _diff(before: View | None, after: View | None) -> str:
     if before is None or after is None:
         return f"{_presence(before)} -> {_presence(after)}"
-    keys = [k for k in ("revision", "num_tokens", "tokens", "spans") if before[k] != after[k]]
+    keys = [
+        k
+        for k in ("revision", "num_tokens", "tokens", "spans", "marks")
+        if before.get(k) != after.get(k)
+    ]
     return f"changed {keys}: revision {before['revision']} -> {after['revision']}, " + (
         f"{before['num_tokens']} -> {after['num_tokens']} tokens"
     )
 
+
+Skills = dict[str, tuple[str, int]]
+"""A tenant's skills as ``GET /leyline/v1/skills`` lists them: id -> (content hash, tokens)."""
 
 KINDS = ("5xx", "error body", "state change", "created", "connection", "stream")
 

@@ -35,12 +35,21 @@ ROUTES = (
     ("POST", "/leyline/v1/sessions/{id}/directives"),
     ("POST", "/leyline/v1/tokenize"),
     ("POST", "/leyline/v1/detokenize"),
+    ("POST", "/leyline/v1/skills"),
+    ("GET", "/leyline/v1/skills"),
+    ("GET", "/leyline/v1/skills/{skill}"),
+    ("DELETE", "/leyline/v1/skills/{skill}"),
 )
+SKILL_ROUTES = ("/leyline/v1/skills", "/leyline/v1/skills/{skill}")
 Views = Mapping[str, shapes.View | None]
 
 
 def session_path(session: str) -> str:
     return f"/leyline/v1/sessions/{quote(session, safe='')}"
+
+
+def skill_path(skill: str) -> str:
+    return f"/leyline/v1/skills/{quote(skill, safe='')}"
 
 
 CHEAP_PREFILL = 1024
@@ -98,10 +107,12 @@ class Fuzzer:
             call = self._chat(views)
         elif kind < 69:
             call = self._completion(views)
-        elif kind < 77:
+        elif kind < 76:
             call = self._create()
-        elif kind < 84:
+        elif kind < 82:
             call = self._get_or_delete()
+        elif kind < 88:
+            call = self._skills()
         elif kind < 95:
             call = self._tokens()
         else:
@@ -214,6 +225,26 @@ class Fuzzer:
         query = pick(src, ("", "?tokens=true", "?tokens=false", "?tokens=maybe", "?tokens="))
         return Call(method, session_path(session) + query, route, None, session, label=method)
 
+    def _skills(self) -> Call:
+        """The skills resource: register (near-valid bodies), list, get, delete."""
+        src = self.source
+        kind = src.integer(0, 9)
+        if kind <= 4:
+            raw, label = self._body(shapes.skill_create(src), "skill create")
+            route = "/leyline/v1/skills"
+            return Call("POST", route, route, raw, label=label)
+        if kind == 5:
+            query = pick(src, ("", "?tokens=true", "?x=1"))
+            return Call("GET", "/leyline/v1/skills" + query, "/leyline/v1/skills", label="list")
+        method = pick(src, ("GET", "GET", "DELETE", "PUT"))
+        skill = pick(src, (*shapes.SKILLS, "nope", *ODD_PATH_IDS))
+        # The kept skill is deleted rarely: composes need it registered to be accepted.
+        if method == "DELETE" and skill == shapes.SKILLS[0] and not chance(src, 20):
+            skill = shapes.SKILLS[1]
+        query = pick(src, ("", "?tokens=true", "?tokens=maybe")) if method == "GET" else ""
+        route = "/leyline/v1/skills/{skill}"
+        return Call(method, skill_path(skill) + query, route, label=f"skill {method}")
+
     def _tokens(self) -> Call:
         src = self.source
         if chance(src, 40):
@@ -245,6 +276,6 @@ class Fuzzer:
         if method == "GET" and chance(src, 70):
             method = "POST"  # a body where none is expected, or a wrong method
         session = pick(src, POOL)
-        path = route.replace("{id}", quote(session, safe=""))
+        path = route.replace("{id}", quote(session, safe="")).replace("{skill}", "fz-skill-2")
         named = session if "{id}" in route else None
         return Call(method, path, route, raw, named, auth, f"garbage: {label}")

@@ -43,6 +43,8 @@ TOOLS = [
     }
 ]
 HUGE = (2**63, 2**64, 2**70, 10**30)
+SKILLS = ("fz-skill", "fz-skill-2")
+"""Skill ids the fuzz registers and deletes (``fz-skill`` is kept registered by the checks)."""
 
 
 def revision(source: Source, view: View | None) -> Any:
@@ -112,10 +114,60 @@ def replacement(source: Source, limit: int) -> Any:
     return pick(source, ("", "x", " [redacted]"))
 
 
+def insertion_point(source: Source, view: View | None) -> Any:
+    length = view["num_tokens"] if view else 0
+    kind = source.integer(0, 5)
+    if kind <= 2:
+        return below(source, length + 1)
+    if kind == 3:
+        return "end"
+    if kind == 4:
+        point = anchor(source, view) | {"edge": pick(source, ("start", "end", "middle"))}
+        return point
+    return pick(source, (length + 1, -1, 2**70, "start", None, 1.5))
+
+
+def compose(source: Source, view: View | None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "verb": "compose",
+        "skill": pick(source, (*SKILLS, "nope", "", "x" * 129)),
+        "at": insertion_point(source, view),
+    }
+    if chance(source, 60):
+        body["seam_tokens"] = pick(source, (0, 4, 16, 256, 257, -1, "4"))
+    if chance(source, 30):
+        body["recompute"] = pick(
+            source,
+            (
+                {"mode": "none"},
+                {"mode": "deviation", "ratio": 0.15},
+                {"mode": "deviation", "ratio": 0},
+                {"mode": "bogus"},
+                {"mode": "none", "ratio": 0.5},
+            ),
+        )
+    return body
+
+
+def retention(source: Source, verb: str, view: View | None, limit: int) -> dict[str, Any]:
+    """A pin, unpin, decay or scratch: mostly a valid mark, else one field bent."""
+    body: dict[str, Any] = {"verb": verb, "span": span(source, view)}
+    if verb == "pin" and chance(source, 50):
+        body["ttl_s"] = pick(source, (0.5, 30, 0, -1, 10**9, "x", float("nan")))
+    if verb in ("decay", "scratch"):
+        if chance(source, 50):
+            body["mode"] = pick(source, ("forget", "amortize", "shred"))
+        if chance(source, 40):
+            body["replacement"] = replacement(source, limit)
+    if verb == "decay" and chance(source, 50):
+        body["priority"] = pick(source, (0, 3, 1_000_000, 1_000_001, -1, 2.5))
+    return body
+
+
 def directive(source: Source, view: View | None, limit: int) -> dict[str, Any]:
     verb: str | None = pick(source, ("splice", "forget", "erratum"))
     if chance(source, 15):
-        verb = pick(source, ("compose", "pin", "decay", "scratch", "rewind", None))
+        verb = pick(source, ("compose", "pin", "unpin", "decay", "scratch", "rewind", None))
     if verb in ("splice", "forget"):
         body: dict[str, Any] = {"verb": verb, "span": span(source, view)}
         if chance(source, 80):
@@ -128,10 +180,33 @@ def directive(source: Source, view: View | None, limit: int) -> dict[str, Any]:
             body["corrects"] = span(source, view)
         return body
     if verb == "compose":
-        return {"verb": verb, "skill": "nope", "at": source.integer(0, 4), "seam_tokens": 2}
+        return compose(source, view)
     if verb is None:
         return {"span": span(source, view)}
-    return {"verb": verb, "span": span(source, view), "mode": "forget"}
+    if verb == "rewind":
+        return {"verb": verb, "span": span(source, view), "mode": "forget"}
+    return retention(source, verb, view, limit)
+
+
+def skill_create(source: Source) -> dict[str, Any]:
+    """A skill registration: one source (text, tokens or messages), or a bent body."""
+    body: dict[str, Any] = {}
+    if chance(source, 80):
+        body["skill"] = pick(source, (*SKILLS, "", "x" * 129, 5))
+    kind = source.integer(0, 6)
+    if kind <= 1:
+        body["text"] = pick(source, ("Rule 1: be brief.", "", "数据 😀"))
+    elif kind == 2:
+        body["tokens"] = pick(source, ([1, 2, 3], [], [10**9], [-1], [7] * 4097))
+    elif kind == 3:
+        body["messages"] = CONVERSATION[:2]
+    elif kind == 4:
+        body |= {"text": "a", "tokens": [1]}  # two sources at once
+    elif kind == 5:
+        body |= {"text": "policy", "model": pick(source, ("other-model", "", 3))}
+    if chance(source, 20):
+        body["name"] = pick(source, ("rules", "x" * 300, 7))
+    return body
 
 
 def directives(source: Source, view: View | None, max_directives: int, limit: int) -> Any:

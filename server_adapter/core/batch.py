@@ -16,7 +16,7 @@ from leyline.protocol.capabilities import Limits
 from leyline.protocol.directives import Directive, Mode, RecomputeMode, Verb
 from leyline.protocol.envelope import ComposedBlock
 from leyline.protocol.errors import ErrorCode, LeylineError
-from leyline.protocol.resolve import ResolvedCompose, SkillTokens, resolve_batch
+from leyline.protocol.resolve import ResolvedCompose, ResolvedMark, SkillTokens, resolve_batch
 from leyline.protocol.spans import MessageSpan
 
 from .spans import remap_spans
@@ -46,6 +46,8 @@ class EditPlan:
     """The batch's composes: their edits insert the skills' tokens, whose KV is precompiled."""
     tenant: str | None = None
     """Whose skills the composes name (set by the service that planned them)."""
+    marks: tuple[ResolvedMark, ...] = ()
+    """The batch's pin, unpin, decay and scratch directives (the core keeps the marks)."""
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -148,9 +150,11 @@ def plan_edits(
     vocab_size: int,
     base_revision: int | None = None,
     composes: Sequence[ResolvedCompose] = (),
+    marks: Sequence[ResolvedMark] = (),
 ) -> EditPlan:
     """Check resolved token edits against ``view``; raises ``LeylineError`` on any rule.
-    ``composes`` marks the edits that insert a skill (by directive index)."""
+    ``composes`` marks the edits that insert a skill (by directive index); ``marks`` ride
+    along for the core, which checks them against the session's pins."""
     check_revision(view, base_revision)
     # Mode(...) also accepts plain strings; the algebra compares modes by identity.
     normal = tuple(
@@ -161,7 +165,7 @@ def plan_edits(
     result = apply_edits(view.tokens, normal)
     check_tokens(result.tokens, vocab_size, limits, "directives")
     spans = remap_spans(view.spans, normal)
-    return EditPlan(view, normal, result, spans, tuple(composes))
+    return EditPlan(view, normal, result, spans, tuple(composes), marks=tuple(marks))
 
 
 def plan_batch(
@@ -189,5 +193,10 @@ def plan_batch(
         recompute_modes=recompute_modes,
     )
     return plan_edits(
-        view, batch.edits, limits=limits, vocab_size=vocab_size, composes=batch.composes
+        view,
+        batch.edits,
+        limits=limits,
+        vocab_size=vocab_size,
+        composes=batch.composes,
+        marks=batch.marks,
     )

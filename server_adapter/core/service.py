@@ -38,6 +38,7 @@ from leyline.protocol.spans import MessageSpan
 
 from .backend import Backend, H, SkillLabel
 from .batch import EditPlan, check_tokens, check_vocab, plan_batch
+from .retention import Retention
 from .sessions import Session, SessionStore
 
 
@@ -52,6 +53,7 @@ class SessionService(Generic[H]):
         self.backend = backend
         self.store = store
         self._on_op = on_op
+        self.retention = Retention(backend, store, on_op=on_op)
 
     @property
     def verbs(self) -> list[Verb]:
@@ -68,6 +70,7 @@ class SessionService(Generic[H]):
             num_tokens=len(view.tokens),
             tokens=list(view.tokens) if include_tokens else None,
             spans=list(view.spans),
+            marks=session.marks.info(self.store.clock()),
         )
 
     async def plan(
@@ -87,6 +90,7 @@ class SessionService(Generic[H]):
             skill_tokens=self.backend.skill_tokens(session.tenant),
             recompute_modes=caps.compose_recompute,
         )
+        session.marks.check_batch(plan.edits, plan.marks, self.store.clock())
         return replace(plan, tenant=session.tenant)
 
     # -- sessions ------------------------------------------------------------------------
@@ -142,8 +146,9 @@ class SessionService(Generic[H]):
             report = await self.backend.execute(
                 session.handle, plan, allow_fallback=body.options.allow_fallback
             )
+            self.retention.executed(session, plan)
             response = report.to_response(session.id, self.backend.view(session.handle).spans)
-            response = with_composed(response, plan)
+            response = with_dropped(with_composed(response, plan), session)
         self._on_op(response)
         return response
 
@@ -241,6 +246,12 @@ def with_composed(response: LeylineResponse, plan: EditPlan) -> LeylineResponse:
     """The response with where the plan's composes put their blocks (if any)."""
     blocks = plan.composed()
     return response.model_copy(update={"composed": blocks}) if blocks else response
+
+
+def with_dropped(response: LeylineResponse, session: Session[H]) -> LeylineResponse:
+    """The response with the spans dropped on ``session`` since its last one (if any)."""
+    dropped = session.take_dropped()
+    return response.model_copy(update={"dropped": dropped}) if dropped else response
 
 
 def _source(body: SessionCreate) -> str:

@@ -12,14 +12,18 @@ session gets ``unknown_session``.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Generic
 
+from leyline.protocol.envelope import DroppedSpan
 from leyline.protocol.errors import ErrorCode, LeylineError
+from leyline.protocol.retention import Mark, Marks
 
 from .backend import Backend, H
 
@@ -38,6 +42,14 @@ class Session(Generic[H]):
     handle: H
     busy: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    marks: Marks = field(default_factory=Marks)
+    """Its pin, decay and scratch marks, in its current revision."""
+    dropped: list[DroppedSpan] = field(default_factory=list)
+    """Spans dropped since its last response (the next one reports them)."""
+
+    def take_dropped(self) -> list[DroppedSpan]:
+        out, self.dropped = self.dropped, []
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +57,12 @@ class Evicted:
     tenant: str
     session: str
     why: str  # "count" / "bytes" (the server's budgets), "tenant_count" / "tenant_bytes"
+
+
+Drop = Callable[["Session[H]", list[Mark]], Awaitable[None]]
+"""Executes the drop of some decay marks of an idle session (held for the call)."""
+
+log = logging.getLogger(__name__)
 
 
 class SessionStore(Generic[H]):
@@ -57,6 +75,7 @@ class SessionStore(Generic[H]):
         tenant_max_sessions: int | None = None,
         tenant_max_cache_bytes: int | None = None,
         on_evict: Callable[[Evicted], None] = lambda e: None,
+        clock: Callable[[], float] = time.time,  # pins report their deadline in Unix time
     ) -> None:
         self.backend = backend
         self.max_sessions = max_sessions
@@ -64,6 +83,8 @@ class SessionStore(Generic[H]):
         self.tenant_max_sessions = tenant_max_sessions
         self.tenant_max_cache_bytes = tenant_max_cache_bytes
         self._on_evict = on_evict
+        self.clock = clock
+        self.drop: Drop[H] | None = None  # set by the service that executes drops
         self._lru: OrderedDict[tuple[str, str], Session[H]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -99,7 +120,7 @@ class SessionStore(Generic[H]):
         if cap is not None and len(self._lru) >= cap and self._idle_victim() is None:
             raise LeylineError(
                 ErrorCode.limit_exceeded,
-                f"all {cap} sessions are busy; retry later",
+                f"all {cap} sessions are busy or pinned with a ttl_s; retry later",
                 "session",
             )
         quota = self.tenant_max_sessions
@@ -107,7 +128,8 @@ class SessionStore(Generic[H]):
         if full and self._idle_victim(tenant) is None:
             raise LeylineError(
                 ErrorCode.limit_exceeded,
-                f"all {quota} sessions of this tenant (its quota) are busy; retry later",
+                f"all {quota} sessions of this tenant (its quota) are busy or pinned with a "
+                "ttl_s; retry later",
                 "session",
             )
 
@@ -156,6 +178,7 @@ class SessionStore(Generic[H]):
                 yield session
         finally:
             session.busy -= 1
+            await self.relieve(session.tenant)
             self.enforce_budget(session.tenant)
 
     @asynccontextmanager
@@ -192,21 +215,66 @@ class SessionStore(Generic[H]):
         if self.max_cache_bytes is not None:
             self._evict_down_to(self.max_cache_bytes, "bytes")
 
+    def _over_budget(self, tenant: str) -> str | None:
+        """Which byte budget is exceeded now (``tenant``'s quota first), or None."""
+        quota = self.tenant_max_cache_bytes
+        if quota is not None and self.total_bytes(tenant) > quota:
+            return tenant
+        if self.max_cache_bytes is not None and self.total_bytes() > self.max_cache_bytes:
+            return ""
+        return None
+
+    async def relieve(self, tenant: str) -> None:
+        """Drop decay spans of idle sessions, lowest priority first, while a byte budget is
+        exceeded (``tenant``'s quota: its own sessions; the server's: anyone's)."""
+        if self.drop is None:
+            return
+        while (scope := self._over_budget(tenant)) is not None:
+            found = self._decay_victim(scope or None)
+            if found is None:
+                return
+            session, mark = found
+            session.busy += 1
+            try:
+                async with session.lock:
+                    await self.drop(session, [mark])
+            except Exception:  # never loop on a drop that fails: forget the mark instead
+                log.exception("dropping decay span of session %s failed", session.id)
+                session.marks = Marks(tuple(m for m in session.marks.marks if m != mark))
+            finally:
+                session.busy -= 1
+
+    def _decay_victim(self, tenant: str | None) -> tuple[Session[H], Mark] | None:
+        """The idle session and decay mark to drop next: lowest priority, then the least
+        recently used session, then the oldest mark."""
+        best: tuple[tuple[int, int, int], Session[H], Mark] | None = None
+        for order, ((t, _), s) in enumerate(self._lru.items()):
+            if s.busy or (tenant is not None and t != tenant):
+                continue
+            for m in s.marks.decays()[:1]:
+                key = (m.priority, order, m.seq)
+                if best is None or key < best[0]:
+                    best = (key, s, m)
+        return None if best is None else (best[1], best[2])
+
     def _evict_down_to(self, cap: int, why: str, tenant: str | None = None) -> None:
         """Evict idle sessions (``tenant``'s if given), LRU first, until they hold <= cap."""
         while self.total_bytes(tenant) > cap and self._evict_one(why, tenant):
             pass
 
     def _idle_victim(self, tenant: str | None = None) -> tuple[str, str] | None:
-        """The least recently used idle session (of ``tenant`` if given)."""
-        return next(
-            (
-                key
-                for key, s in self._lru.items()
-                if s.busy == 0 and (tenant is None or key[0] == tenant)
-            ),
-            None,
-        )
+        """The least recently used idle session (of ``tenant`` if given) that holds no pin;
+        else the least recently used one whose pins have no ``ttl_s`` (pinned sessions go
+        last); never one with a pin whose ``ttl_s`` runs."""
+        now = self.clock()
+        idle = [
+            (key, s)
+            for key, s in self._lru.items()
+            if s.busy == 0 and (tenant is None or key[0] == tenant)
+        ]
+        unpinned = (key for key, s in idle if not s.marks.has_pin(now))
+        untimed = (key for key, s in idle if not s.marks.has_timed_pin(now))
+        return next(unpinned, None) or next(untimed, None)
 
     def _evict_one(self, why: str, tenant: str | None = None) -> bool:
         key = self._idle_victim(tenant)

@@ -29,7 +29,7 @@ from leyline.protocol.resources import SessionInfo
 from ..chat.tool_format import parse_tool_calls
 from ..core.backend import Backend, Rendered
 from ..core.batch import EditPlan, check_revision, check_tokens, common_prefix
-from ..core.service import SessionService, with_composed
+from ..core.service import SessionService, with_composed, with_dropped
 from ..core.sessions import DEFAULT_TENANT, Evicted, Session, SessionStore, salt_of
 from ..reports import OpReport
 from ..sampling import SamplingParams
@@ -221,8 +221,16 @@ class LeylineService(Generic[H]):
                     if adopted is not None:
                         prompt, rendered = adopted[0], Rendered(*adopted)
                 _check_room(prompt, self.backend.limits.max_session_tokens)
+                retention = self.core.retention
+                held = plan.tokens if plan is not None else view.tokens
+                retention.check_prompt(session, held, prompt, "prompt")
                 outcome = await self.runner.run(turn(session.handle, plan, prompt, rendered))
-                return self._reply(session.id, plan, prompt, outcome, first, t0)
+                if plan is not None:
+                    retention.executed(session, plan)
+                retention.prompted(session, outcome.edited, prompt)
+                await retention.end_turn(session)
+                reply = self._reply(session.id, plan, prompt, outcome, first, t0)
+                return self._with_drops(reply, session)
         except BaseException:
             if created and self.sessions.exists(tenant, session.id):
                 self.sessions.delete(tenant, session.id)  # a rejected request creates nothing
@@ -248,6 +256,19 @@ class LeylineService(Generic[H]):
         ttft = first[0] if first else time.perf_counter() - t0
         self.metrics.ttft.observe(ttft)
         return Reply(generation, response, len(prompt), generation.text, [], ttft)
+
+    def _with_drops(self, reply: Reply, session: Session[H]) -> Reply:
+        """The reply with the spans dropped on the session since its last response; a drop
+        at the end of this turn (scratch) also moved it to a new revision and spans."""
+        response = with_dropped(reply.leyline, session)
+        if response is reply.leyline:
+            return reply
+        view = self.backend.view(session.handle)
+        if view.revision > response.revision:
+            response = response.model_copy(
+                update={"revision": view.revision, "spans": list(view.spans)}
+            )
+        return replace(reply, leyline=response)
 
 
 def _check_room(prompt: Sequence[int], cap: int | None) -> None:

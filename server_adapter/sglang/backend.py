@@ -35,6 +35,7 @@ from leyline.protocol.spans import MessageSpan
 from ..core.backend import Rendered, SkillLabel
 from ..core.batch import EditPlan, SessionView, common_prefix
 from ..core.report import OpReport
+from ..core.retention import MARKING_VERBS
 from ..errors import SpliceUnsupportedError
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class SglangBackend:
     def capabilities(self) -> Capabilities:
         return Capabilities(
             protocol_version=PROTOCOL_VERSION,
-            verbs=list(EXECUTED_VERBS),
+            verbs=[*EXECUTED_VERBS, *MARKING_VERBS],
             architectures=list(LAYOUTS),
             models=[self.model_name] if self.model_name else [],
             limits=self._limits,

@@ -126,7 +126,7 @@ def test_a_stale_revision_is_a_conflict_and_changes_nothing(
     ("directive", "code"),
     [
         (SpliceDirective(span=TokenSpan(start=0, end=99)), ErrorCode.invalid_span),
-        (PinDirective(span=TokenSpan(start=0, end=3)), ErrorCode.unsupported_verb),
+        (PinDirective(span=TokenSpan(start=3, end=3)), ErrorCode.invalid_span),
         (
             SpliceDirective(span=TokenSpan(start=0, end=3), replacement=[5] * 65),
             (ErrorCode.replacement_too_long),

@@ -58,8 +58,24 @@ def test_erratum_appends_at_the_end() -> None:
 
 
 def test_marks_carry_non_editing_verbs_when_supported() -> None:
-    batch = resolve([{"verb": "pin", "span": {"message": 0}}], supported=set(Verb))
-    assert batch.edits == () and batch.marks == ((Verb.pin, TokenSpan(start=0, end=10)),)
+    batch = resolve(
+        [
+            {"verb": "pin", "span": {"message": 0}, "ttl_s": 5},
+            {"verb": "decay", "span": {"start": 12, "end": 20}, "priority": 3, "replacement": "x"},
+        ],
+        supported=set(Verb),
+    )
+    pin, decay = batch.marks
+    assert batch.edits == ()
+    assert (pin.verb, pin.start, pin.end, pin.ttl_s) == (Verb.pin, 0, 10, 5.0)
+    assert (decay.verb, decay.start, decay.end, decay.priority) == (Verb.decay, 12, 20, 3)
+    assert decay.mode is Mode.forget and decay.replacement == tuple(tokenize("x"))
+
+
+def test_a_mark_needs_at_least_one_token() -> None:
+    with pytest.raises(LeylineError) as caught:
+        resolve([{"verb": "scratch", "span": {"start": 3, "end": 3}}], supported=set(Verb))
+    assert caught.value.code is ErrorCode.invalid_span
 
 
 def test_compose_needs_a_known_skill() -> None:
