@@ -5,9 +5,10 @@ No torch, no server: this package only needs pydantic (and the protocol package)
 * :class:`Transcript` validates an OpenAI-format message list and links tool outputs to
   their calls.
 * Policies (:class:`TruncateOldToolOutputs`, :class:`StaleToolOutputs`,
-  :class:`FailedAttempts`, :class:`TokenBudget`, :class:`FieldErrata`, :class:`Chain`,
-  :class:`When`) propose message edits; :func:`parse_policy` builds them from a config
-  string such as ``"stale | truncate:keep_last=2"``; :func:`run_policy` runs one.
+  :class:`FailedAttempts`, :class:`TokenBudget`, :class:`ClearToolUses`, :class:`Summarize`,
+  :class:`FieldErrata`, :class:`Chain`, :class:`When`) propose message edits;
+  :func:`parse_policy` builds them from a config string such as
+  ``"stale | truncate:keep_last=2"``; :func:`run_policy` runs one.
 * :func:`edits_to_directives` and :func:`infer_directives` (diff mode) turn edits into
   protocol directives; :class:`TurnPlanner` does both per turn for a middleware.
 * :class:`LeylineOpenAI` / :class:`AsyncLeylineOpenAI` wrap an ``openai`` client for one
@@ -20,8 +21,9 @@ No torch, no server: this package only needs pydantic (and the protocol package)
 from __future__ import annotations
 
 from .align import align_messages
-from .base import EditMode, Policy, PolicyContext, run_policy
+from .base import EditMode, Policy, PolicyContext, Summarizer, SummaryRequest, run_policy
 from .budget import TokenBudget
+from .clear import ClearToolUses
 from .combinators import Chain, When
 from .counting import (
     CallableCounter,
@@ -38,6 +40,7 @@ from .edits import (
     KeepServed,
     PolicyEdit,
     ReplaceContent,
+    ReplaceMessage,
     apply_to_messages,
 )
 from .errata import FieldErrata
@@ -68,6 +71,7 @@ from .skill_refs import SKILL_KEY, SkillBlock
 from .skills import DEFAULT_SKILL_CONTEXT, AsyncSkillLibrary, SkillEntry, SkillLibrary, SkillSet
 from .staleness import StaleToolOutputs
 from .stubs import StubMatcher
+from .summarize import Summarize
 from .transcript import ToolCall, ToolOutput, Transcript
 from .translate import (
     Addressing,
@@ -77,6 +81,7 @@ from .translate import (
     infer_directives,
     plan_directives,
 )
+from .triggers import Trigger
 from .truncate import TruncateOldToolOutputs
 
 __all__ = [
@@ -91,6 +96,7 @@ __all__ = [
     "CallRecord",
     "CallableCounter",
     "Chain",
+    "ClearToolUses",
     "DirectivePlan",
     "DropMessages",
     "EditMode",
@@ -110,6 +116,7 @@ __all__ = [
     "PolicyRegistry",
     "Render",
     "ReplaceContent",
+    "ReplaceMessage",
     "ServerSupport",
     "SkillBlock",
     "SkillEntry",
@@ -118,6 +125,9 @@ __all__ = [
     "SkillSet",
     "StaleToolOutputs",
     "StubMatcher",
+    "Summarize",
+    "Summarizer",
+    "SummaryRequest",
     "TiktokenCounter",
     "TokenBudget",
     "TokenCounter",
@@ -125,6 +135,7 @@ __all__ = [
     "ToolOutput",
     "Transcript",
     "TranscriptError",
+    "Trigger",
     "TruncateOldToolOutputs",
     "TurnPlan",
     "TurnPlanner",

@@ -9,7 +9,7 @@ the context and checks what comes back.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -34,6 +34,22 @@ EditMode = Annotated[Mode, BeforeValidator(_mode_alias)]
 
 
 @dataclass(frozen=True, slots=True)
+class SummaryRequest:
+    """A chat completion a policy asks the serving model for (a summary of old turns)."""
+
+    messages: tuple[Message, ...]
+    """The request's messages: the conversation to summarise, then the instruction."""
+    max_tokens: int | None = None
+    temperature: float | None = None
+
+
+Summarizer = Callable[[SummaryRequest], str]
+"""Sends a :class:`SummaryRequest` as a plain chat completion and returns the reply's text.
+The OpenAI-client wrappers provide one that calls the wrapped client (same server, same
+model, outside the episode's session)."""
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyContext:
     """What a policy may look at besides the transcript."""
 
@@ -43,6 +59,8 @@ class PolicyContext:
     """The messages of the server's cached revision (empty when nothing is cached)."""
     is_stub: StubMatcher = field(default_factory=StubMatcher)
     """Recognises stubs of every policy in play, so none is stubbed twice."""
+    summarizer: Summarizer | None = None
+    """Asks the model for a summary (:class:`~.summarize.Summarize`); None: none available."""
 
     def tokens(self, message: Message) -> int:
         return message_tokens(self.counter or default_counter(), message)
@@ -79,6 +97,7 @@ def run_policy(
     served: Sequence[Message] = (),
     pinned: Collection[int] = (),
     stub_templates: Sequence[str] = (),
+    summarizer: Summarizer | None = None,
 ) -> list[PolicyEdit]:
     """Run ``policy`` on a transcript (or a message list) and check its edits.
 
@@ -97,6 +116,7 @@ def run_policy(
         counter=counter,
         served=tuple(served),
         is_stub=StubMatcher.of([*policy.stub_templates(), *stub_templates]),
+        summarizer=summarizer,
     )
     edits = policy.propose(transcript, context)
     check_result(policy.type, transcript, edits)

@@ -8,7 +8,15 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from .base import Policy, PolicyContext, check_result
-from .edits import KeepServed, PolicyEdit, ReplaceContent, apply_to_messages, readdress, touched
+from .edits import (
+    KeepServed,
+    PolicyEdit,
+    ReplaceContent,
+    ReplaceMessage,
+    apply_to_messages,
+    readdress,
+    touched,
+)
 from .registry import PolicyField
 from .transcript import Transcript
 
@@ -40,7 +48,10 @@ class Chain(Policy):
             edits = [
                 e
                 for e in edits
-                if not (isinstance(e, ReplaceContent | KeepServed) and e.message in later)
+                if not (
+                    isinstance(e, ReplaceContent | ReplaceMessage | KeepServed)
+                    and e.message in later
+                )
             ] + mapped
             applied = apply_to_messages(transcript.messages, edits)
             pinned = [j for j, s in enumerate(applied.source) if s in transcript.pinned]

@@ -112,8 +112,9 @@ def default_counter() -> TokenCounter:
     if counter is not None:
         return counter
     warnings.warn(
-        "tiktoken's encoding is not available (no network?); token budgets use the estimate "
-        "ceil(chars / 4). Pass counter=CallableCounter(server tokenize) for exact counts.",
+        "tiktoken's encoding is not available (no network?); token budgets and counts use the "
+        "estimate ceil(chars / 4). Pass counter=CallableCounter(server tokenize) for exact "
+        "counts.",
         RuntimeWarning,
         stacklevel=2,
     )

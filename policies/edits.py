@@ -27,6 +27,21 @@ class ReplaceContent:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplaceMessage:
+    """Replace message ``message`` whole with ``replacement`` (role, tool calls and content).
+
+    For what :class:`ReplaceContent` cannot say: an assistant message whose tool-call
+    arguments were cleared, or a summary standing in for the first message of a range whose
+    other messages are dropped. The result must still be a valid transcript.
+    """
+
+    message: int
+    replacement: Message
+    mode: Mode = Mode.amortize
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class KeepServed:
     """Send message ``message`` with the text the server has cached, not the agent's text.
 
@@ -63,12 +78,12 @@ class AppendErratum:
     reason: str = ""
 
 
-PolicyEdit = ReplaceContent | KeepServed | DropMessages | AppendErratum
+PolicyEdit = ReplaceContent | ReplaceMessage | KeepServed | DropMessages | AppendErratum
 
 
 def touched(edit: PolicyEdit) -> tuple[int, ...]:
     """The existing messages an edit changes (errata change none)."""
-    if isinstance(edit, ReplaceContent | KeepServed):
+    if isinstance(edit, ReplaceContent | ReplaceMessage | KeepServed):
         return (edit.message,)
     if isinstance(edit, DropMessages):
         return edit.messages
@@ -118,6 +133,7 @@ def apply_to_messages(messages: Sequence[Message], edits: Sequence[PolicyEdit]) 
     """
     check_edits("<apply>", len(messages), edits)
     replaced = {e.message: e.text for e in edits if isinstance(e, ReplaceContent | KeepServed)}
+    whole = {e.message: e.replacement for e in edits if isinstance(e, ReplaceMessage)}
     dropped = {i for e in edits if isinstance(e, DropMessages) for i in e.messages}
     notes = [e for e in edits if isinstance(e, AppendErratum)]
     out: list[Message] = []
@@ -132,7 +148,12 @@ def apply_to_messages(messages: Sequence[Message], edits: Sequence[PolicyEdit]) 
     notes_after(-1)
     for index, message in enumerate(messages):
         if index not in dropped:
-            out.append(with_content(message, replaced[index]) if index in replaced else message)
+            if index in whole:
+                out.append(whole[index])
+            elif index in replaced:
+                out.append(with_content(message, replaced[index]))
+            else:
+                out.append(message)
             source.append(index)
         notes_after(index)
     for note in notes:
@@ -157,6 +178,8 @@ def readdress(edit: PolicyEdit, source: Sequence[int | None], policy: str) -> Po
 
     if isinstance(edit, ReplaceContent):
         return ReplaceContent(original(edit.message), edit.text, edit.mode, edit.reason)
+    if isinstance(edit, ReplaceMessage):
+        return ReplaceMessage(original(edit.message), edit.replacement, edit.mode, edit.reason)
     if isinstance(edit, KeepServed):
         return KeepServed(original(edit.message), edit.text, edit.reason)
     if isinstance(edit, DropMessages):

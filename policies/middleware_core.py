@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
 from pydantic import BaseModel, ValidationError
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from leyline.protocol import LeylineRequest, LeylineResponse, SpliceDirective, TokenSpan
 
 from .align import align_messages
-from .messages import Message, canonical_json, content_text
+from .messages import Message, canonical_json, content_text, message_key
 from .middleware_wire import LEYLINE_KEY, ServerSupport
 from .planner import TurnPlan, TurnPlanner
 
@@ -57,6 +57,19 @@ class CallRecord:
     """Skills the server composed this call (their ids, in batch order)."""
     skill_notes: tuple[str, ...] = ()
     """Why new skill messages went as text (prefilled) rather than as composes."""
+    verbs: tuple[str, ...] = ()
+    """The verb of each directive sent, in batch order (``splice``, ``forget``, ``compose``,
+    ...); the wrapper's deletion of an unsent reply is a ``splice`` too."""
+    cleared_tokens: int = 0
+    """Tokens the policy's edits of this call took out of the context (net of any summary
+    put in), counted with the planner's counter."""
+    cleared_tool_uses: tuple[str, ...] = ()
+    """Tool calls (ids) whose outputs or arguments this call's edits cleared or removed."""
+    streamed: bool = False
+    """The call was streamed (``stream=True``); the record is made when the stream ends."""
+    new_conversation: bool = False
+    """The messages did not continue the previous conversation: this call opened a new
+    session (see ``LeylineOpenAI(detect_conversations=...)``)."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -88,11 +101,21 @@ class Episode:
     server reuses the longest unchanged prefix and re-prefills the rest (a baseline arm).
     """
 
-    def __init__(self, planner: TurnPlanner, session: str, *, directives: bool = True) -> None:
+    def __init__(
+        self,
+        planner: TurnPlanner,
+        session: str,
+        *,
+        directives: bool = True,
+        records: list[CallRecord] | None = None,
+    ) -> None:
         self.planner, self.session, self.directives = planner, session, directives
-        self.records: list[CallRecord] = []
+        self.records: list[CallRecord] = records if records is not None else []
+        """The records of every call (shared by all the episodes of one wrapper)."""
         self.last_plan: TurnPlan | None = None
         """The plan of the last completed call (its ``edits``, ``directives``, ``messages``)."""
+        self.pending: object | None = None
+        """A stream sent on this episode and not yet read to its end."""
         self._reply: _Reply | None = None
 
     def prepare(self, messages: Sequence[Message], support: ServerSupport) -> PreparedCall:
@@ -125,9 +148,13 @@ class Episode:
         support: ServerSupport,
         latency_s: float,
         resync: str | None = None,
+        *,
+        streamed: bool = False,
+        new_conversation: bool = False,
     ) -> CallRecord:
         """Record that the server answered ``prepared`` with ``completion``."""
         plan = prepared.plan
+        sent = plan.directives if prepared.leyline is not None else ()
         leyline = _leyline_of(completion) if prepared.leyline is not None else None
         self.planner.commit(plan, leyline if self.directives else None)
         usage = getattr(completion, "usage", None)
@@ -150,7 +177,7 @@ class Episode:
             latency_s=latency_s,
             messages=len(plan.messages),
             edits=len(plan.edits),
-            directives=len(plan.directives) if prepared.leyline is not None else 0,
+            directives=len(sent),
             plan_fallback=plan.fallback,
             resync=resync,
             revision=leyline.revision if leyline else None,
@@ -158,6 +185,11 @@ class Episode:
             completion_tokens=generated,
             composed=tuple(block.skill for block in leyline.composed) if leyline else (),
             skill_notes=plan.skill_notes,
+            verbs=tuple(str(d.verb) for d in sent),
+            cleared_tokens=plan.cleared_tokens,
+            cleared_tool_uses=plan.cleared_tool_uses,
+            streamed=streamed,
+            new_conversation=new_conversation,
         )
         self.records.append(record)
         self.last_plan = plan
@@ -184,6 +216,83 @@ class Episode:
         applied (spec section 6: ``token_mismatch``), since the reply is still cached.
         """
         return SpliceDirective(span=TokenSpan(start=reply.start, end=reply.end))
+
+
+def continues(previous: Sequence[Message], messages: Sequence[Message]) -> bool:
+    """Whether ``messages`` carry on the conversation whose last request was ``previous``.
+
+    The task (the first user message of ``previous``) must still be there, and either the
+    conversation opens with the same message (system prompt) as before, or a reply of the
+    previous conversation is still there (an agent that keeps its state in the system
+    prompt and edits it). Anything else, such as the same agent on another task, or another
+    agent on the same task from scratch, is a new conversation. Messages may be inserted,
+    edited or dropped around those (diff mode).
+    """
+    if not previous:
+        return True
+    keys = {message_key(m) for m in messages}
+    task = next((m for m in previous if m.get("role") == "user"), None)
+    if task is not None and message_key(task) not in keys:
+        return False
+    if messages and message_key(previous[0]) == message_key(messages[0]):
+        return True
+    replies = {message_key(m) for m in previous if m.get("role") == "assistant"}
+    return any(message_key(m) in replies for m in messages if m.get("role") == "assistant")
+
+
+class Conversations:
+    """The episodes of one wrapper, one per conversation (see :func:`continues`).
+
+    A call that carries on an earlier conversation continues its episode (the agent may have
+    appended to or rewritten its list: diff mode); any other call gets a new episode on a
+    new session, so no directive ever splices one conversation's cache into another's. The
+    ``limit`` most recently used episodes are kept; older ones are handed back, for their
+    sessions to be closed. ``detect=False``: every call continues the one episode.
+    """
+
+    def __init__(
+        self,
+        make_planner: Callable[[], TurnPlanner],
+        session: str | None,
+        *,
+        directives: bool = True,
+        detect: bool = True,
+        limit: int = 8,
+    ) -> None:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        self.make_planner, self.directives = make_planner, directives
+        self.detect, self.limit = detect, limit
+        self.records: list[CallRecord] = []
+        self.current = self._new(session or new_session_id())
+        self._episodes: list[Episode] = [self.current]  # least recently used first
+
+    @property
+    def episodes(self) -> tuple[Episode, ...]:
+        return tuple(self._episodes)
+
+    def route(self, messages: Sequence[Message]) -> tuple[Episode, list[Episode], bool]:
+        """The episode for a call with ``messages``, the episodes evicted to make room (their
+        sessions are to be closed), and whether the call opens a new conversation."""
+        if not self.detect:
+            return self.current, [], False
+        candidates = [self.current, *reversed(self._episodes)]
+        found = next((e for e in candidates if continues(e.planner.agent, messages)), None)
+        if found is not None:
+            self._episodes.remove(found)
+            self._episodes.append(found)
+            self.current = found
+            return found, [], False
+        episode = self._new(new_session_id())
+        self._episodes.append(episode)
+        evicted = self._episodes[: -self.limit]
+        del self._episodes[: -self.limit]
+        self.current = episode
+        return episode, evicted, True
+
+    def _new(self, session: str) -> Episode:
+        planner = self.make_planner()
+        return Episode(planner, session, directives=self.directives, records=self.records)
 
 
 def same_reply(a: Message, b: Message) -> bool:

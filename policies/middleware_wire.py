@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ValidationError
 
 from leyline.protocol import (
@@ -22,8 +23,9 @@ from leyline.protocol import (
 )
 from leyline.protocol.resources import TokenizeRequest, TokenizeResponse
 
+from .base import SummaryRequest
 from .messages import Message
-from .skill_refs import SkillLookup
+from .skill_refs import SkillLookup, wire_message
 from .skills import SkillSet
 
 LEYLINE_KEY = "leyline"
@@ -95,16 +97,116 @@ def extra_body_of(kwargs: dict[str, Any]) -> dict[str, object]:
     """Check a call's options; pop and return its ``extra_body``.
 
     Raises:
-        ValueError: ``stream=True``, or ``extra_body`` already carries ``leyline``.
+        ValueError: ``extra_body`` already carries ``leyline``, or is not a dict.
     """
-    if kwargs.get("stream"):
-        raise ValueError("the Leyline wrapper does not stream; call without stream=True")
     extra = kwargs.pop("extra_body", None) or {}
     if not isinstance(extra, dict):
         raise ValueError("extra_body must be a dict")
     if LEYLINE_KEY in extra:
         raise ValueError("extra_body['leyline'] is the wrapper's to set; leave it out")
     return extra
+
+
+def with_stream_usage(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` of a streamed call, asking for the usage in the stream (unless the caller
+    said otherwise): the wrapper needs the reply's token count to address it next call."""
+    options = kwargs.get("stream_options")
+    options = dict(options) if isinstance(options, Mapping) else {}
+    if "include_usage" in options:
+        return kwargs
+    return {**kwargs, "stream_options": {**options, "include_usage": True}}
+
+
+def summary_kwargs(model: object, request: SummaryRequest) -> dict[str, Any]:
+    """The options of the chat completion that writes a summary (no session, no tools)."""
+    options: dict[str, Any] = {
+        "model": model,
+        "messages": [dict(wire_message(m)) for m in request.messages],
+    }
+    if request.max_tokens is not None:
+        options["max_tokens"] = request.max_tokens
+    if request.temperature is not None:
+        options["temperature"] = request.temperature
+    return options
+
+
+def summary_text(completion: object) -> str:
+    choices = getattr(completion, "choices", None) or []
+    message = getattr(choices[0], "message", None) if choices else None
+    content = getattr(message, "content", None)
+    return content if isinstance(content, str) else ""
+
+
+class ChunkAccumulator:
+    """Builds the ``ChatCompletion`` a stream of ``ChatCompletionChunk`` amounts to: text,
+    tool calls (joined by index), finish reason, usage and the ``leyline`` report."""
+
+    def __init__(self) -> None:
+        self.id, self.model, self.created = "", "", 0
+        self.content: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish: str | None = None
+        self.usage: object | None = None
+        self.leyline: object | None = None
+
+    def add(self, chunk: BaseModel) -> None:
+        self.id = str(getattr(chunk, "id", "") or self.id)
+        self.model = str(getattr(chunk, "model", "") or self.model)
+        self.created = int(getattr(chunk, "created", 0) or self.created)
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            self.usage = usage
+        extra = chunk.model_extra or {}
+        if extra.get(LEYLINE_KEY) is not None:
+            self.leyline = extra[LEYLINE_KEY]
+        for choice in getattr(chunk, "choices", None) or []:
+            if getattr(choice, "index", 0) != 0:
+                continue
+            if getattr(choice, "finish_reason", None):
+                self.finish = choice.finish_reason
+            delta = getattr(choice, "delta", None)
+            if delta is None:
+                continue
+            if isinstance(getattr(delta, "content", None), str):
+                self.content.append(delta.content)
+            for call in getattr(delta, "tool_calls", None) or []:
+                self._add_call(call)
+
+    def _add_call(self, call: Any) -> None:
+        entry = self.calls.setdefault(
+            int(getattr(call, "index", len(self.calls)) or 0),
+            {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        if getattr(call, "id", None):
+            entry["id"] = call.id
+        function = getattr(call, "function", None)
+        if function is not None:
+            entry["function"]["name"] += getattr(function, "name", None) or ""
+            entry["function"]["arguments"] += getattr(function, "arguments", None) or ""
+
+    @property
+    def has_report(self) -> bool:
+        """The server's ``leyline`` report arrived (it comes with the final chunk)."""
+        return self.leyline is not None
+
+    def completion(self) -> ChatCompletion:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.calls:
+            message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
+        elif message["content"] is None:
+            message["content"] = ""
+        usage = self.usage.model_dump() if isinstance(self.usage, BaseModel) else self.usage
+        body: dict[str, Any] = {
+            "id": self.id or "stream",
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish or "stop"}],
+            "usage": usage,
+        }
+        if self.leyline is not None:
+            body[LEYLINE_KEY] = self.leyline
+        return ChatCompletion.model_validate(body)
 
 
 def renderer(

@@ -17,14 +17,14 @@ changed is dropped: the agent's own change wins.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from leyline.protocol import LeylineRequest, LeylineResponse, MessageSpan, Mode, TokenSpan
 
 from .align import align_messages
-from .base import Policy, run_policy
-from .counting import TokenCounter
+from .base import Policy, Summarizer, run_policy
+from .counting import TokenCounter, default_counter, message_tokens
 from .edits import (
     AppendErratum,
     AppliedEdits,
@@ -32,11 +32,12 @@ from .edits import (
     KeepServed,
     PolicyEdit,
     ReplaceContent,
+    ReplaceMessage,
     apply_to_messages,
     readdress,
 )
 from .errors import TranscriptError
-from .messages import Message, message_key
+from .messages import Message, canonical_json, message_key, with_content
 from .registry import PolicyConfig, parse_policy
 from .skill_refs import SkillLookup, skill_blocks, wire_message
 from .transcript import Transcript
@@ -64,6 +65,11 @@ class TurnPlan:
     """Why new skill messages went as text rather than as composes."""
     tail_replaced: bool = False
     """The directives replace the cached tail given to :meth:`TurnPlanner.plan`."""
+    cleared_tokens: int = 0
+    """Tokens this turn's edits took out of the context (net: a summary's own tokens are
+    subtracted), counted with the planner's counter."""
+    cleared_tool_uses: tuple[str, ...] = ()
+    """Tool calls (ids) whose output or arguments this turn's edits cleared or removed."""
 
     def leyline(self, session: str | None = None) -> LeylineRequest:
         """The ``leyline`` object of the chat request (``extra_body={"leyline": ...}``)."""
@@ -90,10 +96,11 @@ class TurnPlanner:
         addressing: Addressing = "auto",
         pinned: Pinned | None = None,
         skills: SkillLookup | None = None,
+        summarizer: Summarizer | None = None,
     ) -> None:
         self.policy: Policy | None = parse_policy(policy) if policy is not None else None
         self.counter, self.render, self.addressing = counter, render, addressing
-        self.pinned, self.skills = pinned, skills
+        self.pinned, self.skills, self.summarizer = pinned, skills, summarizer
         self._agent: tuple[Message, ...] = ()
         self._log: tuple[PolicyEdit, ...] = ()
         self._served: tuple[Message, ...] = ()
@@ -107,6 +114,11 @@ class TurnPlanner:
     @property
     def served(self) -> tuple[Message, ...]:
         return self._served
+
+    @property
+    def agent(self) -> tuple[Message, ...]:
+        """The agent's messages of the last committed turn (before the policy's edits)."""
+        return self._agent
 
     def plan(self, messages: Sequence[Message], *, tail: TokenSpan | None = None) -> TurnPlan:
         """What to send for the agent's ``messages``.
@@ -123,19 +135,41 @@ class TurnPlanner:
         log, base, view = self._view(agent)
         edits: list[PolicyEdit] = []
         if self.policy is not None:
-            edits = run_policy(self.policy, view, counter=self.counter, served=self._served)
+            edits = run_policy(
+                self.policy,
+                view,
+                counter=self.counter,
+                served=self._served,
+                summarizer=self.summarizer,
+            )
+        cleared_tokens, cleared_uses = self._cleared(view, edits)
         name = self.policy.type if self.policy is not None else "<none>"
         mapped = [_anchor_note(readdress(e, base.source, name), len(agent)) for e in edits]
         # A new edit of a message supersedes a logged one; KeepServed lasts this request only.
-        changed = {e.message for e in mapped if isinstance(e, ReplaceContent | KeepServed)}
+        changed = {
+            e.message for e in mapped if isinstance(e, ReplaceContent | ReplaceMessage | KeepServed)
+        }
         changed |= {i for e in mapped if isinstance(e, DropMessages) for i in e.messages}
-        kept = tuple(e for e in log if not (isinstance(e, ReplaceContent) and e.message in changed))
+        kept = tuple(
+            e
+            for e in log
+            if not (isinstance(e, ReplaceContent | ReplaceMessage) and e.message in changed)
+        )
         new_log = kept + tuple(e for e in mapped if not isinstance(e, KeepServed))
         transient = [e for e in mapped if isinstance(e, KeepServed)]
         final = apply_to_messages(agent, [*new_log, *transient])
         sent = tuple(wire_message(m) for m in final.messages)
         if self._revision is None:  # nothing cached: no directives, nothing to compose into
-            return TurnPlan(sent, (), None, tuple(edits), agent=agent, log=new_log)
+            return TurnPlan(
+                sent,
+                (),
+                None,
+                tuple(edits),
+                agent=agent,
+                log=new_log,
+                cleared_tokens=cleared_tokens,
+                cleared_tool_uses=cleared_uses,
+            )
         blocks = skill_blocks(final.messages, self.skills) if self.skills else None
         result = plan_directives(
             self._served,
@@ -157,6 +191,8 @@ class TurnPlanner:
             log=new_log,
             skill_notes=result.notes,
             tail_replaced=result.tail_replaced,
+            cleared_tokens=cleared_tokens,
+            cleared_tool_uses=cleared_uses,
         )
 
     def commit(self, plan: TurnPlan, response: LeylineResponse | None = None) -> None:
@@ -203,6 +239,9 @@ class TurnPlanner:
         for edit in self._log:
             if isinstance(edit, ReplaceContent) and edit.message in same:
                 out.append(ReplaceContent(same[edit.message], edit.text, edit.mode, edit.reason))
+            elif isinstance(edit, ReplaceMessage) and edit.message in same:
+                moved_to = same[edit.message]
+                out.append(ReplaceMessage(moved_to, edit.replacement, edit.mode, edit.reason))
             elif isinstance(edit, DropMessages) and all(i in same for i in edit.messages):
                 moved = tuple(same[i] for i in edit.messages)
                 out.append(DropMessages(moved, edit.mode, edit.reason))
@@ -212,6 +251,32 @@ class TurnPlanner:
                 corrects = same.get(edit.corrects) if edit.corrects is not None else None
                 out.append(AppendErratum(edit.text, corrects, edit.role, after, edit.reason))
         return tuple(out)
+
+    def _cleared(
+        self, view: Transcript, edits: Sequence[PolicyEdit]
+    ) -> tuple[int, tuple[str, ...]]:
+        """What ``edits`` (on ``view``) take out: net tokens, and the tool uses they clear."""
+        if not any(isinstance(e, ReplaceContent | ReplaceMessage | DropMessages) for e in edits):
+            return 0, ()
+        counter = self.counter or default_counter()
+        messages = view.messages
+        tokens = 0
+        uses: list[str] = []
+        for edit in edits:
+            if isinstance(edit, DropMessages):
+                for i in edit.messages:
+                    tokens += message_tokens(counter, messages[i])
+                    uses += _tool_uses(messages[i], None)
+            elif isinstance(edit, ReplaceContent | ReplaceMessage):
+                old = messages[edit.message]
+                new = (
+                    with_content(old, edit.text)
+                    if isinstance(edit, ReplaceContent)
+                    else edit.replacement
+                )
+                tokens += message_tokens(counter, old) - message_tokens(counter, new)
+                uses += _tool_uses(old, new)
+        return tokens, tuple(dict.fromkeys(uses))
 
     def _pins(self, agent: Sequence[Message], source: Sequence[int | None]) -> list[int]:
         if self.pinned is None:
@@ -228,7 +293,9 @@ class TurnPlanner:
     ) -> set[int]:
         """Served messages whose replacement or removal was asked for with FORGET."""
         replaced = {
-            e.message for e in log if isinstance(e, ReplaceContent) and e.mode is Mode.forget
+            e.message
+            for e in log
+            if isinstance(e, ReplaceContent | ReplaceMessage) and e.mode is Mode.forget
         }
         dropped = {
             message_key(agent[i])
@@ -244,6 +311,33 @@ class TurnPlanner:
             if gone or (j is not None and source[j] in replaced):
                 forget.add(o)
         return forget
+
+
+def _tool_uses(old: Message, new: Message | None) -> list[str]:
+    """Tool calls whose output (a tool message) or arguments (an assistant message) ``old``
+    -> ``new`` clears; ``new`` None: ``old`` is removed."""
+    if old.get("role") == "tool":
+        call_id = old.get("tool_call_id")
+        return [call_id] if isinstance(call_id, str) else []
+    if old.get("role") != "assistant":
+        return []
+    kept = {_call_key(c) for c in _calls_of(new)} if new is not None else set()
+    return [
+        str(c.get("id"))
+        for c in _calls_of(old)
+        if _call_key(c) not in kept and isinstance(c.get("id"), str)
+    ]
+
+
+def _calls_of(message: Message) -> list[Mapping[str, object]]:
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list | tuple):
+        return []
+    return [c for c in calls if isinstance(c, Mapping)]
+
+
+def _call_key(call: Mapping[str, object]) -> str:
+    return canonical_json([call.get("id"), call.get("function")])
 
 
 def _anchor_note(edit: PolicyEdit, length: int) -> PolicyEdit:

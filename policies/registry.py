@@ -3,9 +3,9 @@
 A package adds a policy by declaring, in its pyproject.toml::
 
     [project.entry-points."leyline.policies"]
-    summarize = "my_pkg.policies:Summarize"
+    redact = "my_pkg.policies:Redact"
 
-where ``Summarize`` subclasses :class:`~.base.Policy` with ``type: Literal["summarize"]``.
+where ``Redact`` subclasses :class:`~.base.Policy` with ``type: Literal["redact"]``.
 Entry points load lazily, one name at a time, so a broken plugin only breaks its own name.
 """
 
@@ -129,10 +129,12 @@ class PolicyRegistry:
         self._builtins_loaded = True
         # Imported here: the built-in modules import this one (for nested policy fields).
         from .budget import TokenBudget
+        from .clear import ClearToolUses
         from .combinators import Chain, When
         from .errata import FieldErrata
         from .failed import FailedAttempts
         from .staleness import StaleToolOutputs
+        from .summarize import Summarize
         from .truncate import TruncateOldToolOutputs
 
         for cls in (
@@ -140,6 +142,8 @@ class PolicyRegistry:
             StaleToolOutputs,
             FailedAttempts,
             TokenBudget,
+            ClearToolUses,
+            Summarize,
             FieldErrata,
             Chain,
             When,

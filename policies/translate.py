@@ -36,7 +36,14 @@ from .directive_builder import (
     Unexpressible,
     check_alignment,
 )
-from .edits import AppendErratum, DropMessages, PolicyEdit, ReplaceContent, apply_to_messages
+from .edits import (
+    AppendErratum,
+    DropMessages,
+    PolicyEdit,
+    ReplaceContent,
+    ReplaceMessage,
+    apply_to_messages,
+)
 from .messages import Message
 from .skill_refs import SkillBlock
 
@@ -150,8 +157,8 @@ def edits_to_directives(
     forget = {
         i
         for e in edits
-        if isinstance(e, ReplaceContent | DropMessages) and e.mode is Mode.forget
-        for i in ((e.message,) if isinstance(e, ReplaceContent) else e.messages)
+        if isinstance(e, ReplaceContent | ReplaceMessage | DropMessages) and e.mode is Mode.forget
+        for i in (e.messages if isinstance(e, DropMessages) else (e.message,))
     }
     plan = plan_directives(
         messages,

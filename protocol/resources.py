@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, model_validator
 
 from .directives import Directive
-from .envelope import RequestOptions
+from .envelope import DroppedSpan, RequestOptions
 from .spans import MessageSpan, TokenId
 
 API_PREFIX = "/leyline/v1"
@@ -101,6 +101,11 @@ class SessionInfo(_Reply):
     spans: list[MessageSpan] = Field(default_factory=list)
     marks: list[MarkInfo] = Field(
         default_factory=list, description="Its pin, decay and scratch marks, by start."
+    )
+    dropped: list[DroppedSpan] = Field(
+        default_factory=list,
+        description="Decay and scratch spans dropped since the session's last response "
+        "(reading the session does not clear them; the next response reports them).",
     )
 
 

@@ -19,16 +19,23 @@ seam (prefilled) and a kept run whose source is the skill's KV; each byte is wri
 and the session's KV is only read. When a kept key cannot be rotated exactly for this model,
 everything from ``at`` is prefilled instead (path ``reprefill`` with the reason), or the
 compose is refused (``allow_fallback=False``).
+
+Selective recompute (``recompute: {"mode": "deviation", "ratio": r}``): after the copied
+rest of the block is placed, ``recompute.DeviationRecompute`` runs it in context through
+the first layers, ranks its tokens by how far that KV is from the copy, and recomputes the
+``ceil(r * (L - k))`` farthest ones through every layer (definition in ``recompute``).
+They count as prefilled, not reused; with every copied token recomputed the block is exact.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from leyline.protocol.algebra import Edit, EditResult, Run, replacement_spans
 from leyline.protocol.capabilities import Limits
-from leyline.protocol.directives import Mode
+from leyline.protocol.directives import Mode, Recompute, RecomputeDeviation
 from leyline.protocol.envelope import Path
 from leyline.protocol.errors import ErrorCode, LeylineError
 
@@ -36,8 +43,9 @@ from .core.batch import EditPlan, SessionView, plan_edits
 from .edit_paths import reprefill_from_change, run_edits
 from .errors import SpliceUnsupportedError
 from .kv_blocks import KVCache
+from .recompute import DeviationRecompute, supports_deviation
 from .reports import OpReport
-from .run_executor import SourcedRun, fill_runs
+from .run_executor import Refiner, SourcedRun, fill_runs
 from .session_state import SessionState
 from .skills import Skill, check_compatible
 
@@ -54,13 +62,14 @@ def plan_compose(
     limits: Limits,
     vocab_size: int,
     base_revision: int | None = None,
+    recompute_ratio: float | None = None,
 ) -> EditPlan:
     """Check a compose against ``view`` as the insertion of the skill's tokens at ``at``.
 
     Raises:
         LeylineError: ``invalid_span`` for ``at`` outside ``[0, len(tokens)]``,
-            ``invalid_directive`` for a negative seam, and every rule of a splice
-            (revision, session length, vocabulary).
+            ``invalid_directive`` for a negative seam or a recompute ratio outside
+            ``(0, 1]``, and every rule of a splice (revision, session length, vocabulary).
     """
     if not 0 <= at <= len(view.tokens):
         raise LeylineError(
@@ -73,6 +82,12 @@ def plan_compose(
         raise LeylineError(
             ErrorCode.invalid_directive, f"seam_tokens is {seam_tokens}; use 0 or more", "seam"
         )
+    if recompute_ratio is not None and not 0.0 < recompute_ratio <= 1.0:
+        raise LeylineError(
+            ErrorCode.invalid_directive,
+            f"recompute ratio is {recompute_ratio}; use a fraction in (0, 1]",
+            "recompute.ratio",
+        )
     # The replacement cap bounds prefill work per request; a skill's KV is precomputed.
     uncapped = limits.model_copy(update={"max_replacement_tokens": None})
     edit = Edit(at, at, skill.tokens, Mode.amortize)
@@ -81,23 +96,53 @@ def plan_compose(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A composed block as execution sees it: its skill, seam and selective recompute."""
+
+    skill: Skill
+    seam_tokens: int
+    refine: Refiner | None = None
+    """Recomputes part of the copied rest once placed (``DeviationRecompute``), or None."""
+
+
+def deviation_ratio(recompute: Recompute) -> float | None:
+    """The deviation ratio of a directive's ``recompute``, or None for ``none``."""
+    return recompute.ratio if isinstance(recompute, RecomputeDeviation) else None
+
+
+def refiner(engine: Engine, ratio: float | None) -> Refiner | None:
+    """The selective recompute for ``ratio`` on ``engine`` (None: seam only).
+
+    Raises:
+        LeylineError: ``unsupported_option`` when the model's layers cannot be run apart.
+    """
+    if ratio is None:
+        return None
+    if not supports_deviation(engine.model):
+        raise LeylineError(
+            ErrorCode.unsupported_option,
+            f"{engine.loaded.label}: deviation recompute needs the model's decoder layers",
+            "recompute.mode",
+        )
+    return DeviationRecompute(engine.model, ratio, chunk=engine.prefill_chunk)
+
+
 def compose_runs(
-    result: EditResult, skill: Skill, seam_tokens: int, base: KVCache
+    result: EditResult, skill: Skill, seam_tokens: int, base: KVCache, refine: Refiner | None = None
 ) -> list[SourcedRun]:
     """The plan's runs with the skill's inserted run split into seam + copied skill KV;
     kept runs read ``base`` (the session's KV)."""
     (insertion,) = [run for run in result.runs if run.kind == "inserted"]  # the one compose
-    return batch_runs(result, {insertion.new_start: (skill, seam_tokens)}, base)
+    return batch_runs(result, {insertion.new_start: Block(skill, seam_tokens, refine)}, base)
 
 
-def batch_runs(
-    result: EditResult, blocks: Mapping[int, tuple[Skill, int]], base: KVCache
-) -> list[SourcedRun]:
+def batch_runs(result: EditResult, blocks: Mapping[int, Block], base: KVCache) -> list[SourcedRun]:
     """The runs of a batch: kept runs read ``base``; inside an inserted run, each composed
-    block (keyed by its start: its skill and seam) is split into the prefilled seam and the
-    skill's KV copied with keys rotated by its position, and the rest (a splice's
-    replacement, which the algebra may merge with an adjacent block into one run) is
-    prefilled."""
+    block (keyed by its start) is split into the prefilled seam and the skill's KV copied
+    with keys rotated by its position (and refined, when it says so), and the rest (a
+    splice's replacement, which the algebra may merge with an adjacent block into one run)
+    is prefilled."""
     out: list[SourcedRun] = []
     for run in result.runs:
         if run.kind != "inserted":
@@ -105,27 +150,28 @@ def batch_runs(
             continue
         at = run.new_start
         for start in sorted(b for b in blocks if run.new_start <= b < run.new_end):
-            skill, seam_tokens = blocks[start]
-            assert start + len(skill) <= run.new_end, (run, start, len(skill))
+            block = blocks[start]
+            assert start + len(block.skill) <= run.new_end, (run, start, len(block.skill))
             if start > at:
                 out.append(SourcedRun(Run("inserted", at, start)))
-            out.extend(_block_runs(start, skill, seam_tokens))
-            at = start + len(skill)
+            out.extend(_block_runs(start, block))
+            at = start + len(block.skill)
         if at < run.new_end:
             out.append(SourcedRun(Run("inserted", at, run.new_end)))
     return out
 
 
-def _block_runs(start: int, skill: Skill, seam_tokens: int) -> list[SourcedRun]:
+def _block_runs(start: int, block: Block) -> list[SourcedRun]:
     """A block at ``start``: its first tokens prefilled in context, the rest copied."""
-    seam_end = start + min(seam_tokens, len(skill))
+    skill = block.skill
+    seam_end = start + min(block.seam_tokens, len(skill))
     out: list[SourcedRun] = []
     if seam_end > start:
         out.append(SourcedRun(Run("inserted", start, seam_end)))
     if seam_end < start + len(skill):
         # old_start indexes the skill's own positions: delta = start, as the definition says.
         copied = Run("kept", seam_end, start + len(skill), seam_end - start)
-        out.append(SourcedRun(copied, skill.kv))
+        out.append(SourcedRun(copied, skill.kv, block.refine))
     return out
 
 
@@ -143,16 +189,20 @@ def _blocker(engine: Engine, runs: list[SourcedRun], total: int) -> SpliceUnsupp
     return None
 
 
-def exact_after_compose(at: int, skill_len: int, seam: int, old_exact: int) -> int:
+def exact_after_compose(
+    at: int, skill_len: int, seam: int, old_exact: int, recomputed: int = 0
+) -> int:
     """Prefix of the composed sequence whose KV equals a fresh prefill's (up to rounding).
 
     The seam attends to the real prefix, so it is exact if the prefix is. The copied rest
-    of the skill attended only to the skill, which is its real context only at ``at == 0``.
-    Downstream tokens attended to the old context: never exact.
+    of the skill attended only to the skill, which is its real context only at ``at == 0``,
+    or when all of it was ``recomputed``. Downstream tokens attended to the old context:
+    never exact.
     """
     if old_exact < at:
         return old_exact
-    return at + (skill_len if at == 0 else min(seam, skill_len))
+    whole = at == 0 or seam + recomputed >= skill_len
+    return at + (skill_len if whole else min(seam, skill_len))
 
 
 def run_compose(
@@ -164,22 +214,27 @@ def run_compose(
     *,
     allow_fallback: bool = True,
     want_logits: bool = False,
+    recompute_ratio: float | None = None,
 ) -> tuple[SessionState, OpReport]:
     """The composed state (revision and spans left to the caller) and its report.
 
     ``state`` must hold KV for all of its tokens; ``plan`` comes from :func:`plan_compose`
     on it. ``want_logits``: also compute the next-token logits now (see ``fill_runs``).
+    ``recompute_ratio``: deviation recompute of that fraction of the copied tokens.
 
     Raises:
-        LeylineError: ``skill_mismatch`` when another model compiled the skill.
+        LeylineError: ``skill_mismatch`` when another model compiled the skill;
+            ``unsupported_option`` for a recompute the model cannot run.
         SpliceUnsupportedError: a key cannot be rotated exactly and ``allow_fallback`` is
             false.
     """
     check_compatible(engine, skill, state.kv)
     result = plan.result
     at = plan.edits[0].start
-    runs = compose_runs(result, skill, seam_tokens, state.kv)
-    exact = exact_after_compose(at, len(skill), min(seam_tokens, len(skill)), state.exact_length)
+    runs = compose_runs(result, skill, seam_tokens, state.kv, refiner(engine, recompute_ratio))
+    seam = min(seam_tokens, len(skill))
+    recomputed = sum(r.recomputed for r in runs)
+    exact = exact_after_compose(at, len(skill), seam, state.exact_length, recomputed)
     return _run_sourced(
         engine, state, result, runs, template=state.kv or skill.kv, exact=exact,
         first_change=at, allow_fallback=allow_fallback, want_logits=want_logits,
@@ -217,14 +272,15 @@ def _run_sourced(
     total = len(result.tokens)
     if rerun and exact >= total - 1:
         exact = total
-    kept = [s.run for s in runs if s.run.kind == "kept"]
-    reused = sum(len(r) for r in kept)
+    kept = [s for s in runs if s.run.kind == "kept"]
+    # Recomputed entries of a copied run were computed, not reused (nor left rotated).
+    reused = sum(len(s.run) - s.recomputed for s in kept)
     report = OpReport(
         Path.splice,
         state.revision + 1,
         reused_tokens=reused,
         prefilled_tokens=total - reused,
-        rotated_tokens=sum(len(r) for r in kept if r.delta),
+        rotated_tokens=sum(len(s.run) - s.recomputed for s in kept if s.run.delta),
         first_change=first_change,
     )
     return SessionState(result.tokens, kv, logits, state.revision + 1, (), exact), report
@@ -255,6 +311,7 @@ def run_batch(
         return run_compose(
             engine, state, plan, skills[c.index], c.seam_tokens,
             allow_fallback=allow_fallback, want_logits=want_logits,
+            recompute_ratio=deviation_ratio(c.recompute),
         )  # fmt: skip
     result = plan.result
     if plan.forget_from is not None:
@@ -263,7 +320,12 @@ def run_batch(
             want_logits=want_logits,
         )  # fmt: skip
     where = {e.index: start for e, (start, _) in zip(plan.edits, _new_spans(plan), strict=True)}
-    blocks = {where[c.index]: (skills[c.index], c.seam_tokens) for c in plan.composes}
+    blocks = {
+        where[c.index]: Block(
+            skills[c.index], c.seam_tokens, refiner(engine, deviation_ratio(c.recompute))
+        )
+        for c in plan.composes
+    }
     runs = batch_runs(result, blocks, state.kv)
     return _run_sourced(
         engine, state, result, runs,

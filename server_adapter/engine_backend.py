@@ -27,6 +27,7 @@ from .core.retention import MARKING_VERBS
 from .core.sessions import DEFAULT_TENANT
 from .engine import Engine
 from .http.openai_types import parse_chat
+from .recompute import supports_deviation
 from .session import EXECUTED_VERBS, SessionCache
 from .skills import Skill, SkillStore
 
@@ -83,8 +84,15 @@ class EngineBackend:
             limits=self._limits,
             tenants=self._tenants,
             cache_salt=True,  # the prefix cache is partitioned by salt (``open``)
-            compose_recompute=[RecomputeMode.none],
+            compose_recompute=self._recompute_modes,
         )
+
+    @property
+    def _recompute_modes(self) -> list[RecomputeMode]:
+        # Deviation runs the model's layers apart (``recompute``): only where they are found.
+        if supports_deviation(self.engine.model):
+            return [RecomputeMode.none, RecomputeMode.deviation]
+        return [RecomputeMode.none]
 
     def encode(self, text: str) -> tuple[int, ...]:
         return self.engine.encode(text)

@@ -13,13 +13,16 @@ where everything goes. The old KV is only read, so a failure midway changes noth
 
 :func:`fill_runs` is the loop itself, with each kept run naming the KV it is copied from:
 an edit reads only its base KV (:func:`execute_edit`); COMPOSE (``compose``) also reads a
-skill's KV, precomputed from position 0.
+skill's KV, precomputed from position 0, and may name a :class:`Refiner` that recomputes
+some of a copied run's entries in context right after it is placed (selective recompute,
+``recompute``); those entries are then written twice.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -45,12 +48,31 @@ class SpliceOutcome:
     rounding): everything before the first run that was kept across a change."""
 
 
+class Refiner(Protocol):
+    """Recomputes some entries of a kept run just placed, in context (everything before the
+    run is final when it is called)."""
+
+    def recomputed(self, length: int) -> int:
+        """How many entries of a ``length``-token run it recomputes."""
+        ...
+
+    def __call__(self, buffers: KVBuffers, tokens: Sequence[int], run: Run) -> list[int]:
+        """Recompute in ``buffers``; returns the positions recomputed."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class SourcedRun:
-    """A run of the new sequence; a kept one also names the KV its ``old_start`` indexes."""
+    """A run of the new sequence; a kept one also names the KV its ``old_start`` indexes,
+    and optionally what recomputes part of it once placed."""
 
     run: Run
     source: KVCache | None = None
+    refine: Refiner | None = None
+
+    @property
+    def recomputed(self) -> int:
+        return 0 if self.refine is None else self.refine.recomputed(len(self.run))
 
 
 def slice_kv(kv: KVCache, start: int, end: int) -> KVCache:
@@ -123,7 +145,9 @@ def fill_runs(
             if sourced.source is None:
                 raise ValueError(f"kept run {run} names no source KV")
             _place(buffers, sourced.source, run, layout, rope)
-            logits = None
+            if sourced.refine is not None:
+                sourced.refine(buffers, tokens, run)
+            logits = None  # the run's last token may be copied KV: the last-token rule
         else:
             logits = forward_into(buffers, run.new_start, tokens[run.new_start : run.new_end])
     rerun = want_logits and logits is None and total > 0

@@ -149,7 +149,8 @@ class SessionCache:
         kv, logits = self.engine.forward(base, tokens[reuse:])
         revision = state.revision if tokens == state.tokens else state.revision + 1
         new = SessionState(tokens, kv, logits, revision, spans, n if exact == reuse else exact)
-        path = Path.prefix_hit if extends else Path.reprefill
+        # Nothing reused (a fresh session, no shared prefix) is a prefill, not a hit.
+        path = Path.prefix_hit if extends and reuse > 0 else Path.reprefill
         return new, OpReport(path, revision, reuse, n - reuse, first_change=reuse)
 
     # -- generation ----------------------------------------------------------------------
@@ -306,15 +307,18 @@ class SessionCache:
         base_revision: int | None = None,
         allow_fallback: bool = True,
         want_logits: bool = False,
+        recompute_ratio: float | None = None,
     ) -> OpReport:
         """Insert ``skill``'s precomputed KV at token position ``at`` (see ``compose``):
         its first ``seam_tokens`` tokens prefilled against ``tokens[:at]``, the rest copied
         with keys rotated by ``at``, the tokens from ``at`` on shifted as a splice shifts
-        them. All-or-nothing; revision + 1.
+        them. ``recompute_ratio``: also recompute that fraction of the copied tokens, those
+        whose KV deviates most in context (``recompute``). All-or-nothing; revision + 1.
 
         Raises:
             LeylineError: ``invalid_span`` for ``at`` outside the session,
-                ``skill_mismatch`` for a skill of another model, any splice rule.
+                ``invalid_directive`` for a ratio outside (0, 1], ``skill_mismatch`` for a
+                skill of another model, any splice rule.
             SpliceUnsupportedError: see :meth:`execute`.
         """
         with self._lock:
@@ -326,6 +330,7 @@ class SessionCache:
                 limits=self.engine.limits,
                 vocab_size=self.engine.vocab_size,
                 base_revision=base_revision,
+                recompute_ratio=recompute_ratio,
             )
 
             def run(state: SessionState) -> tuple[SessionState, OpReport]:
@@ -337,6 +342,7 @@ class SessionCache:
                     seam_tokens,
                     allow_fallback=allow_fallback,
                     want_logits=want_logits,
+                    recompute_ratio=recompute_ratio,
                 )
 
             return self._execute(plan, run)

@@ -9,6 +9,12 @@ Arms (all read the next-token logits after the same question tokens):
   prefilled prefix, then the question prefilled fresh (the server's path: compose, then
   the next request's tokens; the skill's last token is run again in context first, the
   engine's last-token rule).
+* ``compose_k{K}_dev{P}``: the same compose with selective recompute, ``recompute_ratio =
+  P / 100`` (the server's ``{"mode": "deviation"}``: the block's copied tokens whose KV
+  deviates most in context at an early layer are recomputed through every layer).
+* ``compose_k{K}_ask{P}``: question-aware recompute, an eval arm (not a server mode): the
+  same number of block tokens recomputed, chosen by the attention the question gives them
+  (``question``).
 * ``norot_k{K}``: the control, the same compose with the skill's keys left at the positions
   they were computed at (see :func:`unrotated`).
 * ``no_skill``: prefix + question, the skill left out: how much the answer needs the skill.
@@ -30,6 +36,7 @@ from leyline.server_adapter.skills import Skill
 
 from .cases import Item
 from .measures import Agreement, compare
+from .question import ask_compose
 
 FULL, NO_SKILL = "full", "no_skill"
 
@@ -40,6 +47,44 @@ def compose_arm(seam: int) -> str:
 
 def control_arm(seam: int) -> str:
     return f"norot_k{seam}"
+
+
+def deviation_arm(seam: int, ratio: float) -> str:
+    """``compose_k16_dev15`` for K = 16, ratio 0.15."""
+    return f"compose_k{seam}_dev{round(ratio * 100, 1):g}"
+
+
+def ask_arm(seam: int, ratio: float) -> str:
+    """``compose_k16_ask15`` for K = 16, ratio 0.15."""
+    return f"compose_k{seam}_ask{round(ratio * 100, 1):g}"
+
+
+def plain_compose_seam(arm: str) -> int | None:
+    """K of a ``compose_k{K}`` arm (no recompute), else None."""
+    rest = arm.removeprefix("compose_k")
+    return int(rest) if rest != arm and rest.isdigit() else None
+
+
+@dataclass(frozen=True, slots=True)
+class ArmSet:
+    """The compose arms of a run besides ``full`` and ``no_skill``."""
+
+    seams: tuple[int, ...]
+    control_seam: int
+    recompute_seam: int = 16
+    ratios: tuple[float, ...] = ()
+    """Deviation ratios, each one ``compose_k{recompute_seam}_dev{P}`` arm."""
+    ask_ratios: tuple[float, ...] = ()
+    """Question-aware ratios, each one ``compose_k{recompute_seam}_ask{P}`` arm."""
+
+    def deviation_arms(self) -> list[tuple[str, float]]:
+        return [(deviation_arm(self.recompute_seam, r), r) for r in self.ratios]
+
+    def ask_arms(self) -> list[tuple[str, float]]:
+        return [(ask_arm(self.recompute_seam, r), r) for r in self.ask_ratios]
+
+    def recompute_arms(self) -> list[str]:
+        return [name for name, _ in self.deviation_arms() + self.ask_arms()]
 
 
 def unrotated(engine: Engine, skill: Skill, at: int) -> Skill:
@@ -80,20 +125,22 @@ class ItemResult:
 
 
 def _timed_compose(
-    prefix: SessionCache, skill: Skill, seam: int, question: Sequence[int]
+    prefix: SessionCache,
+    skill: Skill,
+    seam: int,
+    question: Sequence[int],
+    ratio: float | None = None,
 ) -> tuple[torch.Tensor, float, str]:
     session = prefix.fork()  # shares the prefix's tensors, never writes them
     t0 = time.perf_counter()
-    report = session.compose(skill, len(prefix.tokens), seam_tokens=seam)
+    report = session.compose(skill, len(prefix.tokens), seam_tokens=seam, recompute_ratio=ratio)
     session.extend(question)
     logits = session.next_token_logits()
     return logits, time.perf_counter() - t0, report.path.value
 
 
 @torch.inference_mode()
-def run_item(
-    engine: Engine, skill: Skill, item: Item, seams: Sequence[int], control_seam: int
-) -> ItemResult:
+def run_item(engine: Engine, skill: Skill, item: Item, arms: ArmSet) -> ItemResult:
     """Every arm on ``item``; even items time the full prefill first, odd ones last, so
     neither arm always runs on a warmer machine."""
     prefix = SessionCache(engine)
@@ -112,15 +159,23 @@ def run_item(
         seconds[FULL] = time.perf_counter() - t0
 
     def composes() -> None:
-        for seam in seams:
+        for seam in arms.seams:
             name = compose_arm(seam)
             logits[name], seconds[name], paths[name] = _timed_compose(
                 prefix, skill, seam, item.question
             )
-        name = control_arm(control_seam)
+        for name, ratio in arms.deviation_arms():
+            logits[name], seconds[name], paths[name] = _timed_compose(
+                prefix, skill, arms.recompute_seam, item.question, ratio
+            )
+        for name, ratio in arms.ask_arms():
+            logits[name], seconds[name], paths[name] = ask_compose(
+                prefix, skill, arms.recompute_seam, item.question, ratio
+            )
+        name = control_arm(arms.control_seam)
         control = unrotated(engine, skill, at)
         logits[name], seconds[name], paths[name] = _timed_compose(
-            prefix, control, control_seam, item.question
+            prefix, control, arms.control_seam, item.question
         )
 
     for step in (full, composes) if item.index % 2 == 0 else (composes, full):

@@ -9,7 +9,10 @@ from pathlib import Path
 
 from .texts import KINDS, Kind
 
-HELP = "composed skill KV vs full prefill: KL, cosines, answer probability by seam K; TTFT"
+HELP = (
+    "composed skill KV vs full prefill: KL, cosines, answer probability by seam K and with "
+    "selective recompute; TTFT"
+)
 
 DESCRIPTION = """\
 COMPOSE inserts a skill's KV, computed once from position 0, into a session: keys rotated
@@ -17,12 +20,15 @@ to where it lands, its first K tokens (the seam) recomputed against the prefix. 
 is that to prefilling the whole context? Skills of three kinds (support rules, gazetteer
 passages, JSON tool specs), synthesized from --seed at several lengths, each composed after
 a system prompt and some conversation, then a question prefilled fresh. Arms: full
-recompute (the reference), compose with K = 0, 1, 4, 16, 64, a no-rotation control and no
-skill at all. Per arm, on the next-token logits after the question: KL(full || arm), raw
-and centred cosine, argmax agreement and the probability of the designated answer token
-(the routed team, the passage's fact, the right tool's name); TTFT of compose vs a full
-prefill by skill length (medians over interleaved repeats, prefix cached and cold); skill
-KV bytes. Writes report.json, report.md, ttft.png and kl_by_k.png to --out (default
+recompute (the reference), compose with K = 0, 1, 4, 16, 64, compose K = 16 with selective
+recompute of 15% of the block (--recompute-ratios: the tokens whose KV deviates most in
+context at an early layer, after CacheBlend) and of the same share chosen by the question's
+attention (--ask-ratios, an eval arm), a no-rotation control and no skill at all.
+Per arm, on the next-token logits after the question: KL(full || arm), raw and centred
+cosine, argmax agreement and the probability of the designated answer token (the routed
+team, the passage's fact, the right tool's name), also as a table per kind; TTFT of
+compose vs a full prefill by skill length (medians over interleaved repeats, prefix cached
+and cold); skill KV bytes. Writes report.json, report.md, ttft.png and kl_by_k.png to --out (default
 results/compose-<UTC time>); see docs/evals-compose.md.
 """
 
@@ -36,6 +42,7 @@ class Sizes:
 
 
 DEFAULT = Sizes(KINDS, (512, 1024, 2048), (0, 1, 4, 16, 64), 4)
+DEFAULT_RATIOS = (0.15,)
 # --full: up to 8k tokens (capped at the model's context less the prefix and question).
 FULL_LENGTHS = (512, 1024, 2048, 4096, 8192)
 # --fast: the CI mode, well under a minute on two shared cores.
@@ -52,6 +59,20 @@ def _ints(text: str) -> tuple[int, ...]:
     if not values or min(values) < 0:
         raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
     return values
+
+
+def _ratios(text: str) -> tuple[float, ...]:
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated fractions, got {text!r}"
+        ) from None
+    if not values or not all(0.0 < v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"ratios are fractions in (0, 1] or 'none'; got {text!r}")
+    return tuple(dict.fromkeys(values))
 
 
 def _kinds(text: str) -> tuple[Kind, ...]:
@@ -79,6 +100,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--control-seam", type=int, default=16, help="K of the no-rotation control (default 16)"
+    )
+    parser.add_argument(
+        "--recompute-ratios",
+        type=_ratios,
+        default=DEFAULT_RATIOS,
+        help="selective recompute (deviation) ratios, one arm each, comma list, or 'none' "
+        f"(default {','.join(map(str, DEFAULT_RATIOS))}; also in --fast)",
+    )
+    parser.add_argument(
+        "--ask-ratios",
+        type=_ratios,
+        default=DEFAULT_RATIOS,
+        help="question-aware recompute ratios (an eval arm: the block tokens the question "
+        "attends to most), comma list, or 'none' (default "
+        f"{','.join(map(str, DEFAULT_RATIOS))}; also in --fast)",
+    )
+    parser.add_argument(
+        "--recompute-seam", type=int, default=16, help="K of the recompute arms (default 16)"
     )
     parser.add_argument(
         "--items",
@@ -121,8 +160,15 @@ def run(args: argparse.Namespace) -> int:
             items=DEFAULT.items if args.items is None else args.items,
         )
     )
-    if sizes.items < 1 or min(sizes.lengths) < 16 or args.control_seam < 0:
-        print("need --items >= 1, --lengths >= 16 and --control-seam >= 0", file=sys.stderr)
+    if (
+        sizes.items < 1
+        or min(sizes.lengths) < 16
+        or min(args.control_seam, args.recompute_seam) < 0
+    ):
+        print(
+            "need --items >= 1, --lengths >= 16, --control-seam and --recompute-seam >= 0",
+            file=sys.stderr,
+        )
         return 2
     import torch
 
@@ -139,6 +185,9 @@ def run(args: argparse.Namespace) -> int:
         out=args.out,
         fast=args.fast,
         progress=not args.no_progress,
+        recompute_seam=args.recompute_seam,
+        ratios=args.recompute_ratios,
+        ask_ratios=args.ask_ratios,
     )
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, args.threads))

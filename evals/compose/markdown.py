@@ -9,9 +9,6 @@ from leyline.evals.common import markdown_table
 from .arms import FULL, NO_SKILL
 
 NOT_MEASURED = """\
-- **Selective recompute** (recomputing the skill tokens that attend most to the new context,
-  CacheBlend-style) is not implemented server-side: COMPOSE only repairs the first K tokens
-  (the seam). This eval has no such arm.
 - The skill's one-time compile (its prefill from position 0) is not in any TTFT: a skill is
   compiled once and composed into many sessions. Its time is in the memory table.
 """
@@ -23,6 +20,14 @@ ARMS_TEXT = """\
 - `compose_kK`: `SessionCache.compose(skill, len(prefix), seam_tokens=K)` on the prefilled
   prefix (the skill's KV compiled once from position 0, keys rotated by `at`, its first K
   tokens prefilled against the prefix), then the question prefilled fresh.
+- `compose_kK_devP`: the same compose with selective recompute (`recompute_ratio = P/100`,
+  the server's `{"mode": "deviation"}`): the block's copied tokens are run in context
+  through the first two layers, and the P% whose KV there deviates most from the copy are
+  recomputed through every layer (definition: `server_adapter/recompute.py`).
+- `compose_kK_askP` (an eval arm, not a server mode): the same share of the block
+  recomputed the same way, chosen instead by the attention the question's queries give each
+  block token in the seam-only compose (summed over layers and heads): recompute what the
+  question needs. It needs the question at compose time and one extra question forward.
 - `norot_kK` (control): the same compose of a skill whose keys were pre-rotated by `-at`, so
   COMPOSE's rotation by `at` brings them back to the positions they were computed at: the
   skill's KV copied without rotation, seam repaired as usual.
@@ -80,27 +85,37 @@ def fidelity_table(cells: list[dict[str, Any]], kind: str, arms: list[str]) -> s
 
 def ttft_table(rows: list[dict[str, Any]], seams: list[int]) -> str:
     body = []
+    recompute = list(rows[0].get("recompute", {})) if rows else []
     for r in rows:
+        extra = r.get("recompute", {})
         line = [
             r["requested"],
             f"{r['tokens_mean']:.0f}",
             r["repeats"],
             f"{r['full']['cached']:.3f}",
         ]
-        line += [
-            f"{r['compose'][str(s)]['cached']:.3f} ({r['compose'][str(s)]['speedup_cached']:.1f}x)"
-            for s in seams
-        ]
+        arms = [r["compose"][str(s)] for s in seams] + [extra[a] for a in recompute]
+        line += [f"{m['cached']:.3f} ({m['speedup_cached']:.1f}x)" for m in arms]
         line += [f"{r['full']['cold']:.3f}"]
-        line += [
-            f"{r['compose'][str(s)]['cold']:.3f} ({r['compose'][str(s)]['speedup_cold']:.1f}x)"
-            for s in seams
-        ]
+        line += [f"{m['cold']:.3f} ({m['speedup_cold']:.1f}x)" for m in arms]
         body.append(line)
+    names = [f"K={s}" for s in seams] + recompute
     header = ["length", "skill tokens", "repeats", "full, cached (s)"]
-    header += [f"K={s}, cached" for s in seams] + ["full, cold (s)"]
-    header += [f"K={s}, cold" for s in seams]
+    header += [f"{n}, cached" for n in names] + ["full, cold (s)"]
+    header += [f"{n}, cold" for n in names]
     return markdown_table(header, body)
+
+
+def p_answer_table(rows: list[dict[str, Any]], arms: list[str]) -> str:
+    body = []
+    for r in rows:
+        cells = []
+        for arm in arms:
+            f = r["arms"][arm]
+            kept = "" if f["of_full"] is None or arm == FULL else f" ({f['of_full']:.2f}x)"
+            cells.append(_fmt(f["mean"], 3) + kept)
+        body.append([r["kind"], r["tokens"], *cells])
+    return markdown_table(["kind", "skill tokens", *arms], body)
 
 
 def memory_table(rows: list[dict[str, Any]]) -> str:
@@ -126,6 +141,13 @@ def sections(summary: dict[str, Any], arms: list[str], seams: list[int]) -> list
             "probability); P(answer) is the mean over items."
         )
         out.append((f"Fidelity: {kind}", fidelity_table(summary["cells"], kind, shown) + note))
+    if "p_answer" in summary:
+        out.append(
+            (
+                "Answer-token probability (mean over items; its ratio to full's in brackets)",
+                p_answer_table(summary["p_answer"], shown),
+            )
+        )
     out.append(
         ("TTFT (median seconds; speedup vs full in brackets)", ttft_table(summary["ttft"], seams))
     )

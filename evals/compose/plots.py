@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .arms import compose_arm
+from .arms import compose_arm, plain_compose_seam
 from .summary import TARGET_KL, TARGET_SEAM
 
 
@@ -48,12 +48,16 @@ def plot_kl_by_seam(summary: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 4), squeeze=False)
     for ax, kind in zip(axes[0], kinds, strict=True):
         for i, cell in enumerate(c for c in summary["cells"] if c["kind"] == kind):
-            seams = [
-                int(a.removeprefix("compose_k")) for a in cell["arms"] if a.startswith("compose_k")
-            ]
+            seams = [k for k in map(plain_compose_seam, cell["arms"]) if k is not None]
             xs = list(range(len(seams)))
             ys = [max(cell["arms"][compose_arm(s)]["kl"]["mean"], 1e-6) for s in seams]
             ax.plot(xs, ys, marker="o", color=f"C{i}", label=f"{cell['tokens']} tokens")
+            for arm in (a for a in cell["arms"] if "_dev" in a or "_ask" in a):  # recompute
+                at = int(arm.removeprefix("compose_k").split("_")[0])
+                if at in seams:
+                    ax.plot(seams.index(at), max(cell["arms"][arm]["kl"]["mean"], 1e-6),
+                            "D" if "_dev" in arm else "^", ms=6, mfc="none",
+                            color=f"C{i}")  # fmt: skip
             control = next(a for a in cell["arms"] if a.startswith("norot_k"))
             control_seam = int(control.removeprefix("norot_k"))
             if control_seam in seams:
@@ -64,7 +68,10 @@ def plot_kl_by_seam(summary: dict[str, Any], path: Path) -> None:
             ax.axhline(TARGET_KL[kind], ls=":", color="k", lw=1, label="target at K=16")
         ax.set_yscale("log")
         ax.set_ylabel("mean KL(full || arm), nats")
-        ax.set_title(f"{kind} (x: no rotation)", fontsize=10)
+        ax.set_title(
+            f"{kind} (x: no rotation; diamond: deviation, triangle: question-aware)",
+            fontsize=10,
+        )
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     fig.tight_layout()

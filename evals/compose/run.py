@@ -15,11 +15,11 @@ from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.models import load_model
 from leyline.server_adapter.skills import Skill, compile_skill
 
-from .arms import FULL, NO_SKILL, ItemResult, compose_arm, control_arm, run_item
+from .arms import FULL, NO_SKILL, ArmSet, ItemResult, compose_arm, control_arm, run_item
 from .cases import CONTEXT_RESERVE, Item, make_items, make_skill
 from .markdown import sections
 from .plots import plot_kl_by_seam, plot_ttft
-from .summary import cells, kl_by_seam, targets, ttft
+from .summary import cells, kl_by_seam, p_answer, targets, ttft
 from .texts import Kind
 
 
@@ -37,12 +37,25 @@ class ComposeOptions:
     out: Path | None
     fast: bool = False
     progress: bool = True
+    recompute_seam: int = 16
+    """K of the selective-recompute arms."""
+    ratios: tuple[float, ...] = ()
+    """Deviation ratios: one ``compose_k{recompute_seam}_dev{P}`` arm each."""
+    ask_ratios: tuple[float, ...] = ()
+    """Question-aware ratios: one ``compose_k{recompute_seam}_ask{P}`` arm each."""
+
+    @property
+    def arm_set(self) -> ArmSet:
+        return ArmSet(
+            self.seams, self.control_seam, self.recompute_seam, self.ratios, self.ask_ratios
+        )
 
     @property
     def arms(self) -> list[str]:
         return [
             FULL,
             *(compose_arm(s) for s in self.seams),
+            *self.arm_set.recompute_arms(),
             control_arm(self.control_seam),
             NO_SKILL,
         ]
@@ -118,7 +131,7 @@ def run_compose_eval(options: ComposeOptions) -> Path:
     memory: list[dict[str, Any]] = []
     total = len(options.lengths) * len(options.kinds) * options.items
     results = [
-        run_item(engine, skill, item, options.seams, options.control_seam)
+        run_item(engine, skill, item, options.arm_set)
         for skill, item in progress(
             _work(engine, options, memory),
             desc="compose items",
@@ -127,10 +140,11 @@ def run_compose_eval(options: ComposeOptions) -> Path:
         )
     ]
     cell_list = cells(results, options.arms)
-    ttft_rows = ttft(results, options.seams)
+    ttft_rows = ttft(results, options.seams, options.arm_set)
     summary = {
         "cells": cell_list,
-        "kl_by_seam": kl_by_seam(cell_list, options.seams, options.control_seam),
+        "kl_by_seam": kl_by_seam(cell_list, options.seams, options.arm_set),
+        "p_answer": p_answer(cell_list, options.arms),
         "ttft": ttft_rows,
         "memory": memory,
         "targets": targets(cell_list, ttft_rows, options.control_seam),
@@ -144,6 +158,9 @@ def run_compose_eval(options: ComposeOptions) -> Path:
         "lengths": ",".join(map(str, options.lengths)),
         "seams": ",".join(map(str, options.seams)),
         "control_seam": options.control_seam,
+        "recompute_seam": options.recompute_seam,
+        "recompute_ratios": ",".join(f"{r:g}" for r in options.ratios),
+        "ask_ratios": ",".join(f"{r:g}" for r in options.ask_ratios),
         "items_per_kind_and_length": options.items,
         "seed": options.seed,
         "fast": options.fast,

@@ -9,7 +9,7 @@ from typing import Any
 
 from leyline.evals.common.stats import wilson
 
-from .arms import FULL, NO_SKILL, ItemResult, compose_arm, control_arm
+from .arms import FULL, NO_SKILL, ArmSet, ItemResult, compose_arm, control_arm
 from .measures import Agreement
 
 TARGET_SEAM = 16
@@ -83,9 +83,12 @@ def cells(results: Sequence[ItemResult], arms: Sequence[str]) -> list[dict[str, 
     return out
 
 
-def ttft(results: Sequence[ItemResult], seams: Sequence[int]) -> list[dict[str, Any]]:
+def ttft(
+    results: Sequence[ItemResult], seams: Sequence[int], arms: ArmSet | None = None
+) -> list[dict[str, Any]]:
     """Per requested length, over every kind's items (each item one interleaved repeat):
-    medians with the prefix cached and cold (its prefill added to both arms)."""
+    medians with the prefix cached and cold (its prefill added to both arms); the
+    selective-recompute arms under ``recompute``, by arm name."""
     out = []
     for requested, group in sorted(_groups(results, lambda r: r.item.requested).items()):
 
@@ -96,12 +99,15 @@ def ttft(results: Sequence[ItemResult], seams: Sequence[int]) -> list[dict[str, 
             }
 
         full = medians(FULL)
-        composes = {}
-        for seam in seams:
-            m = medians(compose_arm(seam))
+
+        def against_full(arm: str, full: dict[str, float] = full) -> dict[str, float]:
+            m = medians(arm)
             m["speedup_cached"] = full["cached"] / m["cached"]
             m["speedup_cold"] = full["cold"] / m["cold"]
-            composes[str(seam)] = m
+            return m
+
+        composes = {str(seam): against_full(compose_arm(seam)) for seam in seams}
+        recompute = {name: against_full(name) for name in (arms.recompute_arms() if arms else [])}
         out.append(
             {
                 "requested": requested,
@@ -110,15 +116,17 @@ def ttft(results: Sequence[ItemResult], seams: Sequence[int]) -> list[dict[str, 
                 "prefix_seconds_median": statistics.median(r.prefix_seconds for r in group),
                 "full": full,
                 "compose": composes,
+                "recompute": recompute,
             }
         )
     return out
 
 
 def kl_by_seam(
-    cell_list: Sequence[dict[str, Any]], seams: Sequence[int], control_seam: int
+    cell_list: Sequence[dict[str, Any]], seams: Sequence[int], arms: ArmSet
 ) -> dict[str, Any]:
-    """Mean KL per kind and K over every length (the plot's lines), and the control's."""
+    """Mean KL per kind and K over every length (the plot's lines), the selective-recompute
+    arms' and the control's."""
     out: dict[str, Any] = {}
     for kind, group in _groups_cells(cell_list).items():
         n = sum(c["items"] for c in group)
@@ -126,13 +134,29 @@ def kl_by_seam(
         def pooled(arm: str, group: list[dict[str, Any]] = group, n: int = n) -> float:
             return float(sum(c["arms"][arm]["kl"]["mean"] * c["items"] for c in group)) / n
 
-        control = control_arm(control_seam)
+        control = control_arm(arms.control_seam)
         out[kind] = {
             "by_seam": {str(s): pooled(compose_arm(s)) for s in seams},
+            "recompute": {name: pooled(name) for name in arms.recompute_arms()},
             "control": {"arm": control, "kl_mean": pooled(control)},
             "no_skill": pooled(NO_SKILL),
         }
     return out
+
+
+def p_answer(cell_list: Sequence[dict[str, Any]], arms: Sequence[str]) -> list[dict[str, Any]]:
+    """Per (kind, length): each arm's mean probability of the answer token, and its ratio
+    to ``full``'s (how much of the answer the arm keeps)."""
+    rows = []
+    for c in cell_list:
+        full = c["arms"][FULL]["p_answer_mean"]
+        by_arm = {}
+        for arm in arms:
+            p = c["arms"][arm]["p_answer_mean"]
+            kept = None if p is None or not full else p / full
+            by_arm[arm] = {"mean": p, "of_full": kept}
+        rows.append({"kind": c["kind"], "tokens": c["tokens"], "arms": by_arm})
+    return rows
 
 
 def _groups_cells(cell_list: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -71,6 +71,7 @@ class SessionService(Generic[H]):
             tokens=list(view.tokens) if include_tokens else None,
             spans=list(view.spans),
             marks=session.marks.info(self.store.clock()),
+            dropped=list(session.dropped),
         )
 
     async def plan(

@@ -223,7 +223,8 @@ class SglangBackend:
         shared = common_prefix(old.tokens, new)
         revision = old.revision if new == old.tokens else old.revision + 1
         handle.view = SessionView(new, revision, tuple(spans))
-        path = Path.prefix_hit if shared == len(old.tokens) else Path.reprefill
+        # Nothing reused (a fresh session) is a prefill, not a hit.
+        path = Path.prefix_hit if shared == len(old.tokens) and shared > 0 else Path.reprefill
         return OpReport(path, revision, shared, len(new) - shared, first_change=shared)
 
     async def execute(

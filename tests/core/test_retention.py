@@ -104,6 +104,10 @@ def code_of(action: Any) -> ErrorCode:
     return caught.value.code
 
 
+def chat_code(service: LeylineService[Any], sid: str, revision: int) -> ErrorCode:
+    return code_of(lambda: chat(service, messages(), session=sid, base_revision=revision))
+
+
 def content(service: LeylineService[Any], sid: str, message: int) -> tuple[int, int]:
     span = info(service, sid).spans[message].content
     return span.start, span.end
@@ -198,6 +202,10 @@ def test_decay_spans_go_before_any_session_and_the_next_response_says_so(
         expected = apply_edits(held_a.tokens, [Edit(*tool, tuple(stub), Mode.amortize)]).tokens
         assert tuple(a.tokens) == expected and a.revision == held_a.revision + 1
         assert a.marks == [] and [m.verb for m in info(service, "b").marks] == ["decay"]
+        # A client holding the old revision is refused and can read what was dropped.
+        stale = chat_code(service, "a", held_a.revision)
+        assert stale is ErrorCode.revision_conflict
+        assert [(d.verb, d.start, d.end) for d in info(service, "a").dropped] == [("decay", *tool)]
         follow = messages(STUB, {"role": "assistant", "content": first.content},
                           {"role": "user", "content": "And then?"})  # fmt: skip
         reply = chat(service, follow, session="a", base_revision=a.revision)

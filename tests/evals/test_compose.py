@@ -18,6 +18,7 @@ import torch
 from leyline.cli.main import main
 from leyline.evals.compose.arms import unrotated
 from leyline.evals.compose.cases import answer_token, make_items, make_skill
+from leyline.evals.compose.question import ask_compose
 from leyline.evals.compose.texts import KINDS
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.models import build_tiny_mla, load_model
@@ -76,6 +77,36 @@ def test_the_control_lands_unrotated_and_compose_rotates() -> None:
             assert torch.equal(got[other][..., at : at + len(skill), :], compiled[other])
 
 
+@torch.inference_mode()
+def test_question_aware_recompute_of_the_whole_block_is_a_full_prefill() -> None:
+    """Tiny MLA (RANDOM WEIGHTS): the ask arm recomputing every copied token equals a
+    prefill of prefix + skill + question; a share of them differs from the seam-only
+    compose; the model's attention kernel is restored after the scoring forward."""
+    engine = Engine(build_tiny_mla("v2"))
+    kernel = engine.model.config._attn_implementation
+    gen = torch.Generator().manual_seed(1)
+    prefix, block, question = (
+        torch.randint(3, engine.vocab_size, (n,), generator=gen).tolist() for n in (20, 14, 6)
+    )
+    skill = compile_skill(engine, block, skill_id="s", tenant="t")
+    session = SessionCache(engine)
+    session.prefill(prefix)
+    _, full = engine.forward((), prefix + block + question)
+
+    def gap(logits: torch.Tensor) -> float:
+        a, b = torch.log_softmax(full.double(), -1), torch.log_softmax(logits.double(), -1)
+        return float((a - b).abs().max())
+
+    everything, _, path = ask_compose(session, skill, 2, question, 1.0)
+    assert path == "splice" and gap(everything) <= 1e-4
+    part, _, _ = ask_compose(session, skill, 2, question, 0.3)
+    seam_only = session.fork()
+    seam_only.compose(skill, len(prefix), seam_tokens=2)
+    seam_only.extend(question)
+    assert abs(gap(part) - gap(seam_only.next_token_logits())) > 1e-3
+    assert engine.model.config._attn_implementation == kernel
+
+
 def test_cli_module_does_not_import_torch() -> None:
     code = (
         "import sys, leyline.evals.compose.cli as c; "
@@ -103,6 +134,7 @@ def _kl(records: list[dict[str, Any]], arm: str) -> float:
 def test_fast_run(fast_report: dict[str, Any]) -> None:
     config, summary, records = fast_report["config"], fast_report["summary"], fast_report["records"]
     assert config["fast"] and config["kinds"] == "policy,tools" and config["seams"] == "0,4,16"
+    assert config["recompute_ratios"] == config["ask_ratios"] == "0.15"
     assert not config["random_weights"] and len(records) == 4
     assert summary["all_finite"] and summary["fallbacks"] == 0
     for r in records:
@@ -118,13 +150,21 @@ def test_fast_run(fast_report: dict[str, Any]) -> None:
         assert _kl(mine, "norot_k16") > 2 * _kl(mine, "compose_k16")
         assert _kl(mine, "compose_k16") < _kl(mine, "compose_k0")
         assert _kl(mine, "no_skill") > 10 * _kl(mine, "compose_k16")
+        # Selective recompute ran (as a splice: above) and stays near the seam-only compose.
+        assert _kl(mine, "compose_k16_dev15") < 2 * _kl(mine, "compose_k16")
         p = {
             a: statistics.fmean(r["arms"][a]["p_answer"] for r in mine)
             for a in ("full", "no_skill")
         }
         assert p["full"] > 100 * p["no_skill"]
+    tools = [r for r in records if r["kind"] == "tools"]
+    # Recomputing what the question reads recovers the tool spec (measured: KL / 20).
+    assert _kl(tools, "compose_k16_ask15") < 0.25 * _kl(tools, "compose_k16")
+    p_rows = {row["kind"]: row for row in summary["p_answer"]}
+    assert set(p_rows) == {"policy", "tools"} and "compose_k16_dev15" in p_rows["tools"]["arms"]
     (row,) = summary["ttft"]
     assert row["repeats"] == 4 and row["compose"]["0"]["cached"] < row["full"]["cached"]
+    assert set(row["recompute"]) == {"compose_k16_dev15", "compose_k16_ask15"}
     assert [t["met"] for t in summary["targets"]][-1] is None  # no 4k in --fast
     assert {m["nbytes"] for m in summary["memory"]} and all(
         m["nbytes"] == m["tokens"] * 30 * 2 * 3 * 64 * 4 for m in summary["memory"]

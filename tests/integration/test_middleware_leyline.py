@@ -108,7 +108,7 @@ def test_policy_edits_run_as_splices_and_leave_exactly_the_sent_tokens(leyline_u
     spliced = LeylineOpenAI(client(leyline_url), "truncate:keep_last=1")
     scripted(spliced, 4)
     assert [r.leyline for r in spliced.records] == [True] * 4
-    assert spliced.records[0].path == "prefix_hit" and spliced.records[0].edits == 0
+    assert spliced.records[0].path == "reprefill" and spliced.records[0].edits == 0  # fresh
     for record in spliced.records[1:]:
         assert_spliced(record)
         assert record.edits == 1
@@ -156,7 +156,7 @@ def test_async_wrapper_splices(leyline_url: str) -> None:
         return wrapper.records
 
     records = asyncio.run(episode())
-    assert records[0].path == "prefix_hit"
+    assert records[0].path == "reprefill"  # a fresh session reuses nothing
     for record in records[1:]:
         assert_spliced(record)
 

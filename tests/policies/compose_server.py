@@ -43,6 +43,7 @@ from leyline.protocol import (
 from leyline.protocol.client import AsyncLeylineClient, LeylineClient
 from leyline.protocol.resources import SkillCreate, SkillInfo, skill_content_hash
 
+from .sse import sse
 from .toy_chat import END, ROLE, SEP, render, tokenize
 
 _openai_base = importlib.import_module("openai._base_client")
@@ -69,7 +70,8 @@ class ComposeServer:
         self.registrations: list[dict[str, Any]] = []
         """Bodies of ``POST /leyline/v1/skills``, in order."""
         self.chats: list[dict[str, Any]] = []
-        """Bodies of the chat requests, in order."""
+        """Bodies of the chat requests, in order (summary requests, without a session,
+        included)."""
         self.mismatches: list[str] = []
         """Requests whose prompt did not extend the edited cache (a client bug)."""
         self.leaks: list[dict[str, Any]] = []
@@ -83,6 +85,9 @@ class ComposeServer:
 
         def handle(request: Any) -> Any:
             status, body = self.answer(request.method, request.url.path, request.content)
+            if isinstance(body, bytes):
+                headers = {"content-type": "text/event-stream"}
+                return http.Response(status, content=body, headers=headers)
             return http.Response(status, json=body) if body is not None else http.Response(status)
 
         return http.MockTransport(handle)
@@ -119,6 +124,9 @@ class ComposeServer:
                 return 201, self._register(body)
             if path.startswith("/leyline/v1/skills/"):
                 return self._skill(method, path.rsplit("/", 1)[1])
+            if route == ("POST", "/v1/chat/completions") and body.get("stream"):
+                usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return 200, sse(self._chat(body), include_usage=usage, usage_apart=False)
             if route == ("POST", "/v1/chat/completions"):
                 return 200, self._chat(body)
             if method == "DELETE" and path.startswith("/leyline/v1/sessions/"):

@@ -1,7 +1,8 @@
 """A STAND-IN for "any other OpenAI server": OpenAI-compatible chat, no Leyline, for tests.
 
-It answers ``POST /v1/chat/completions`` with a canned reply (``reply 1``, ``reply 2``, ...)
-and ``GET /v1/models``; every other route, ``/leyline/v1/...`` included, is a 404 with
+It answers ``POST /v1/chat/completions`` with a canned reply (``reply 1``, ``reply 2``, ...),
+streamed as OpenAI streams when asked (usage in a chunk of its own), and ``GET /v1/models``;
+every other route, ``/leyline/v1/...`` included, is a 404 with
 FastAPI's body (``{"detail": "Not Found"}``), as a vLLM or llama.cpp server would answer.
 It runs on real HTTP on a loopback port (stdlib ``http.server``, no torch, no fastapi), and
 keeps the bodies it received so that tests can check what a client sent.
@@ -15,6 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from .sse import sse
 
 
 class PlainServer:
@@ -83,13 +86,25 @@ def _handler(server: PlainServer) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("content-length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             if self.path.rstrip("/") == "/v1/chat/completions":
-                self._send(*server.chat(body))
+                status, answer = server.chat(body)
+                if body.get("stream") and status == 200:
+                    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                    self._stream(sse(answer, include_usage=usage, usage_apart=True))
+                else:
+                    self._send(status, answer)
             else:
                 self._send(404, {"detail": "Not Found"})
 
         def do_DELETE(self) -> None:
             server.paths.append(f"DELETE {self.path}")
             self._send(404, {"detail": "Not Found"})
+
+        def _stream(self, data: bytes) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def _send(self, status: int, body: dict[str, Any]) -> None:
             data = json.dumps(body).encode()

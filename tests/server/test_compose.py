@@ -109,6 +109,59 @@ def test_a_compose_equals_the_engines_and_reports_its_block(server: Server) -> N
     assert got and all(math.isclose(lp, float(expected[t]), abs_tol=2e-3) for t, lp in got.items())
 
 
+def test_a_deviation_compose_says_what_it_recomputed_and_equals_the_engines(
+    server: Server,
+) -> None:
+    """``recompute: deviation`` is advertised and runs: the response counts the recomputed
+    tokens as prefilled, and the next-token distribution is the engine's own compose with
+    the same ratio (itself tested against an independent computation of the definition in
+    ``tests/server_adapter/test_compose_recompute.py``)."""
+    from leyline.server_adapter.engine import Engine
+    from leyline.server_adapter.models import load_model
+    from leyline.server_adapter.session import SessionCache
+    from leyline.server_adapter.skills import compile_skill
+
+    with server.client() as http:
+        caps = http.get(Routes.capabilities).json()
+        assert caps["compose_recompute"] == ["none", "deviation"]
+        skill = _skill(http, skill="rules-dev", text=RULES)
+        made = _new_session(http, LOG)
+        url = Routes.session.format(session=made["session"])
+        before = http.get(url, params={"tokens": "true"}).json()
+        at, n = len(before["tokens"]) // 2, skill["num_tokens"]
+        directive = {"verb": "compose", "skill": "rules-dev", "at": at, "seam_tokens": 4,
+                     "recompute": {"mode": "deviation", "ratio": 0.25}}  # fmt: skip
+        reply = http.post(
+            Routes.directives.format(session=made["session"]),
+            json={"base_revision": before["revision"], "directives": [directive]},
+        )
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        recomputed = math.ceil(0.25 * (n - 4))
+        assert body["path"] == "splice" and body["prefilled_tokens"] == 4 + recomputed
+        assert body["reused_tokens"] == len(before["tokens"]) + n - 4 - recomputed
+        assert body["composed"] == [{"directive": 0, "skill": "rules-dev", "start": at,
+                                     "end": at + n}]  # fmt: skip
+        after = http.get(url, params={"tokens": "true"}).json()
+        rules = http.get(Routes.skill.format(skill="rules-dev"), params={"tokens": "true"}).json()
+        got = _logprobs(http, made["session"], after["tokens"] + [28])
+
+    engine = Engine(load_model("smollm2"))
+    compiled = compile_skill(engine, rules["tokens"], skill_id="x", tenant="t")
+
+    def expected(ratio: float | None) -> torch.Tensor:
+        session = SessionCache(engine)
+        session.prefill(before["tokens"])
+        session.compose(compiled, at, seam_tokens=4, recompute_ratio=ratio)
+        session.prefill(after["tokens"] + [28])
+        return torch.log_softmax(session.next_token_logits().double(), -1)
+
+    want, seam_only = expected(0.25), expected(None)
+    assert got and all(math.isclose(lp, float(want[t]), abs_tol=2e-3) for t, lp in got.items())
+    # The recompute changed the answer measurably: the seam-only compose is further off.
+    assert max(abs(lp - float(seam_only[t])) for t, lp in got.items()) > 1e-2
+
+
 def test_compose_beside_a_splice_and_by_message_anchor(server: Server) -> None:
     messages = [
         {"role": "system", "content": "You are terse."},
@@ -156,7 +209,9 @@ def test_a_rejected_compose_changes_nothing_and_skills_stay_with_their_tenant(
             ({"verb": "compose", "skill": "no-such-skill", "at": 3}, "unknown_skill"),
             ({"verb": "compose", "skill": "rules-own", "at": 10**6}, "invalid_span"),
             ({"verb": "compose", "skill": "rules-own", "at": 3,
-              "recompute": {"mode": "deviation", "ratio": 0.2}}, "unsupported_option"),
+              "recompute": {"mode": "deviation", "ratio": 1.5}}, "invalid_directive"),
+            ({"verb": "compose", "skill": "rules-own", "at": 3,
+              "recompute": {"mode": "attention"}}, "invalid_directive"),
         ]:  # fmt: skip
             reply = http.post(
                 Routes.directives.format(session=sid),

@@ -68,7 +68,10 @@ def test_many_sessions_and_conflicting_edits_all_finish(server: Server) -> None:
     assert not pending, "requests still running after 10 minutes: a deadlock?"
 
     for turn in turns:
-        assert turn.result() == ["prefix_hit", "prefix_hit"]
+        first, second = turn.result()
+        # A fresh session reuses nothing unless another client's identical prompt reached
+        # the shared prefix cache first; its second turn extends its own session.
+        assert first in ("reprefill", "prefix_hit") and second == "prefix_hit"
     statuses = sorted(e.result() for e in edits)
     # Every editor addressed the same revision: exactly one wins, the rest conflict.
     assert statuses == [200] + [409] * (EDITORS - 1)

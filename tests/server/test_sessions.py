@@ -39,7 +39,7 @@ def test_turns_reuse_the_prefix_and_a_splice_matches_the_engine(server: Server) 
     messages = turn1()
     first = chat(server, messages, session="multi")
     ley1 = first["leyline"]
-    assert ley1["path"] == "prefix_hit" and ley1["reused_tokens"] == 0  # a cold session
+    assert ley1["path"] == "reprefill" and ley1["reused_tokens"] == 0  # a cold session
     spans = {s["message"]: s for s in ley1["spans"]}
     assert set(spans) == set(range(len(messages)))
 
