@@ -76,7 +76,7 @@ start() {
   esac
   PYTHONPATH="$stubs${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     setsid "$venv/bin/python" -m sglang.launch_server --model-path "$model" \
-    --host 127.0.0.1 --port "$port" "${flags[@]}" \
+    --host 127.0.0.1 --port "$port" "${flags[@]}" --enable-cache-report \
     --log-level info "$@" </dev/null >"$run/server.log" 2>&1 &
   echo $! >"$run/server.pid"
   say "starting $(basename "$model") on $device, 127.0.0.1:$port (pid $!, log $run/server.log)"
