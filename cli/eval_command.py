@@ -22,6 +22,8 @@ EVALS: dict[str, str] = {
     "mechanism": "leyline.evals.mechanism.cli",
     "fidelity": "leyline.evals.fidelity.cli",
     "compose": "leyline.evals.compose.cli",
+    "memory": "leyline.evals.memory.cli",
+    "pressure": "leyline.evals.pressure.cli",
     "erratum": "leyline.evals.erratum.cli",
     "proxy": "leyline.evals.proxy.cli",
     "robustness": "leyline.evals.robustness.cli",
@@ -32,7 +34,8 @@ EVALS: dict[str, str] = {
 def register(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "eval",
-        help="run an eval (mechanism, fidelity, compose, erratum, proxy, robustness, debug-gym) "
+        help="run an eval (mechanism, fidelity, compose, memory, pressure, erratum, proxy, "
+        "robustness, debug-gym) "
         "and write its report",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -38,6 +38,7 @@ from .edits import (
     AppliedEdits,
     DropMessages,
     KeepServed,
+    MarkSpan,
     PolicyEdit,
     ReplaceContent,
     ReplaceMessage,
@@ -45,6 +46,7 @@ from .edits import (
 )
 from .errata import FieldErrata
 from .errors import (
+    PinnedSpanError,
     PolicyConfigError,
     PolicyEditError,
     PolicyError,
@@ -67,6 +69,8 @@ from .registry import (
     parse_policy,
     register_policy,
 )
+from .retention import Pin, ScratchReasoning
+from .retention_marks import Dropped
 from .skill_refs import SKILL_KEY, SkillBlock
 from .skills import DEFAULT_SKILL_CONTEXT, AsyncSkillLibrary, SkillEntry, SkillLibrary, SkillSet
 from .staleness import StaleToolOutputs
@@ -99,13 +103,17 @@ __all__ = [
     "ClearToolUses",
     "DirectivePlan",
     "DropMessages",
+    "Dropped",
     "EditMode",
     "EstimateCounter",
     "FailedAttempts",
     "FieldErrata",
     "KeepServed",
     "LeylineOpenAI",
+    "MarkSpan",
     "Message",
+    "Pin",
+    "PinnedSpanError",
     "Policy",
     "PolicyConfig",
     "PolicyConfigError",
@@ -117,6 +125,7 @@ __all__ = [
     "Render",
     "ReplaceContent",
     "ReplaceMessage",
+    "ScratchReasoning",
     "ServerSupport",
     "SkillBlock",
     "SkillEntry",

@@ -18,7 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 from leyline.protocol import Mode
 
 from .counting import TokenCounter, default_counter, message_tokens
-from .edits import AppendErratum, PolicyEdit, apply_to_messages, check_edits, touched
+from .edits import AppendErratum, MarkSpan, PolicyEdit, apply_to_messages, check_edits, touched
 from .errors import PolicyEditError, TranscriptError
 from .messages import Message
 from .stubs import StubMatcher
@@ -61,6 +61,10 @@ class PolicyContext:
     """Recognises stubs of every policy in play, so none is stubbed twice."""
     summarizer: Summarizer | None = None
     """Asks the model for a summary (:class:`~.summarize.Summarize`); None: none available."""
+    retention: bool = False
+    """The server executes ``decay`` and ``scratch`` marks (a Leyline server that lists them
+    among its verbs, with a session cached): policies may propose :class:`~.edits.MarkSpan`
+    instead of clearing. False: clear with edits."""
 
     def tokens(self, message: Message) -> int:
         return message_tokens(self.counter or default_counter(), message)
@@ -88,6 +92,15 @@ class Policy(BaseModel):
         """Templates of the stubs this policy writes, so every policy can recognise them."""
         return ()
 
+    def pins(self, transcript: Transcript) -> frozenset[int]:
+        """Messages of ``transcript`` this policy pins: no policy may edit them, and on a
+        Leyline server they are sent as ``pin`` directives (see :class:`~.retention.Pin`)."""
+        return frozenset()
+
+    def pin_ttl_s(self) -> float | None:
+        """The ``ttl_s`` of the ``pin`` directives for this policy's pins (None: none)."""
+        return None
+
 
 def run_policy(
     policy: Policy,
@@ -98,6 +111,7 @@ def run_policy(
     pinned: Collection[int] = (),
     stub_templates: Sequence[str] = (),
     summarizer: Summarizer | None = None,
+    retention: bool = False,
 ) -> list[PolicyEdit]:
     """Run ``policy`` on a transcript (or a message list) and check its edits.
 
@@ -112,11 +126,15 @@ def run_policy(
         transcript = Transcript.from_messages(
             transcript.messages, pinned=transcript.pinned | set(pinned)
         )
+    own = policy.pins(transcript) - transcript.pinned
+    if own:
+        transcript = Transcript.from_messages(transcript.messages, pinned=transcript.pinned | own)
     context = PolicyContext(
         counter=counter,
         served=tuple(served),
         is_stub=StubMatcher.of([*policy.stub_templates(), *stub_templates]),
         summarizer=summarizer,
+        retention=retention,
     )
     edits = policy.propose(transcript, context)
     check_result(policy.type, transcript, edits)
@@ -128,6 +146,8 @@ def check_result(name: str, transcript: Transcript, edits: Sequence[PolicyEdit])
     check_edits(name, len(transcript), edits)
     for k, edit in enumerate(edits):
         hit = sorted(set(touched(edit)) & transcript.pinned)
+        if isinstance(edit, MarkSpan) and edit.message in transcript.pinned:
+            hit = [edit.message]
         corrects = edit.corrects if isinstance(edit, AppendErratum) else None
         if corrects is not None and not 0 <= corrects < len(transcript):
             raise PolicyEditError(

@@ -21,7 +21,7 @@ from leyline.protocol import Mode
 from .base import EditMode, Policy, PolicyContext
 from .edits import PolicyEdit, ReplaceContent, ReplaceMessage
 from .messages import Message
-from .stubs import StubTemplate, render_stub, stub_edit
+from .stubs import StubTemplate, decay_marks, render_stub, stub_edit
 from .transcript import ToolCall, Transcript
 from .triggers import Tokens, ToolUses, Trigger, check_window
 
@@ -42,7 +42,10 @@ class ClearToolUses(Policy):
     * ``clear_tool_inputs``: also blank the arguments of the cleared calls (``{}``); True for
       every tool, or a list of tool names;
     * ``placeholder``: the text left in place of an output (a stub template: ``{tool}``,
-      ``{call_id}``, ``{turn}``, ``{chars}``, ``{lines}``).
+      ``{call_id}``, ``{turn}``, ``{chars}``, ``{lines}``);
+    * ``decay``: on a server that executes ``decay``, mark the outputs instead of clearing
+      them (no ``clear_at_least``, no input clearing: marks cost nothing and the server
+      drops only what it must).
 
     Outputs already cleared (by this or any policy in play), pinned messages, and outputs no
     longer than their placeholder are skipped. Tokens are counted with the context's counter.
@@ -58,6 +61,11 @@ class ClearToolUses(Policy):
     clear_tool_inputs: bool | tuple[str, ...] = False
     placeholder: StubTemplate = "[cleared]"
     mode: EditMode = Mode.amortize
+    decay: bool = False
+    """Where the server executes ``decay``: mark the outputs it would clear ``decay`` (the
+    placeholder as the replacement, priority the call's turn: older dropped first, ``mode``
+    as the drop's mode) and let the server drop them under memory pressure instead of
+    clearing them now. Elsewhere it clears as without it."""
 
     @model_validator(mode="after")
     def _window(self) -> ClearToolUses:
@@ -73,6 +81,15 @@ class ClearToolUses(Policy):
         outputs = transcript.outputs
         eligible = outputs[: max(0, len(outputs) - self.keep)]
         reason = f"over the trigger ({self.trigger.describe()}), older than the last {self.keep}"
+        if self.decay and context.retention:
+            return decay_marks(
+                transcript,
+                [o for o in eligible if o.call.name not in self.exclude_tools],
+                self.placeholder,
+                self.mode,
+                reason,
+                context.is_stub,
+            )
         edits: list[PolicyEdit] = []
         freed = 0
         inputs: dict[int, set[str]] = {}

@@ -34,6 +34,13 @@ class Chain(Policy):
     def stub_templates(self) -> tuple[str, ...]:
         return tuple(t for p in self.policies for t in p.stub_templates())
 
+    def pins(self, transcript: Transcript) -> frozenset[int]:
+        return frozenset().union(*(p.pins(transcript) for p in self.policies))
+
+    def pin_ttl_s(self) -> float | None:
+        ttls = [t for p in self.policies if (t := p.pin_ttl_s()) is not None]
+        return max(ttls) if ttls else None
+
     def propose(self, transcript: Transcript, context: PolicyContext) -> list[PolicyEdit]:
         edits: list[PolicyEdit] = []
         current = transcript
@@ -77,6 +84,12 @@ class When(Policy):
 
     def stub_templates(self) -> tuple[str, ...]:
         return self.policy.stub_templates()
+
+    def pins(self, transcript: Transcript) -> frozenset[int]:
+        return self.policy.pins(transcript)  # pins hold whether or not the condition does
+
+    def pin_ttl_s(self) -> float | None:
+        return self.policy.pin_ttl_s()
 
     def holds(self, transcript: Transcript, context: PolicyContext) -> bool:
         if self.min_turns is not None and transcript.num_turns < self.min_turns:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from leyline.protocol import Mode
 
@@ -78,11 +79,32 @@ class AppendErratum:
     reason: str = ""
 
 
-PolicyEdit = ReplaceContent | ReplaceMessage | KeepServed | DropMessages | AppendErratum
+@dataclass(frozen=True, slots=True)
+class MarkSpan:
+    """Mark message ``message``'s content ``decay`` or ``scratch`` on a Leyline server: no
+    token changes now; the server drops the span later (``decay``: under memory pressure,
+    lowest ``priority`` first; ``scratch``: once the generation that follows completes),
+    leaving ``replacement`` in its place, executed as ``mode``.
+
+    A mark changes nothing in the transcript (:func:`apply_to_messages` ignores it) and is
+    not remembered across turns: the planner sends it once, and mirrors the drop when the
+    server reports it (the message then holds ``replacement``). Policies propose marks only
+    where ``PolicyContext.retention`` says the server executes them.
+    """
+
+    message: int
+    verb: Literal["decay", "scratch"]
+    replacement: str
+    priority: int = 0
+    mode: Mode = Mode.forget
+    reason: str = ""
+
+
+PolicyEdit = ReplaceContent | ReplaceMessage | KeepServed | DropMessages | AppendErratum | MarkSpan
 
 
 def touched(edit: PolicyEdit) -> tuple[int, ...]:
-    """The existing messages an edit changes (errata change none)."""
+    """The existing messages an edit changes (errata and marks change none)."""
     if isinstance(edit, ReplaceContent | ReplaceMessage | KeepServed):
         return (edit.message,)
     if isinstance(edit, DropMessages):
@@ -112,6 +134,10 @@ def check_edits(policy: str, length: int, edits: Sequence[PolicyEdit]) -> None:
             raise PolicyEditError(
                 policy,
                 f"edit {k} places a note after message {after}, outside the {length} messages",
+            )
+        if isinstance(edit, MarkSpan) and not 0 <= edit.message < length:
+            raise PolicyEditError(
+                policy, f"edit {k} marks message {edit.message}, outside the {length} messages"
             )
         for index in touched(edit):
             if not 0 <= index < length:
@@ -184,6 +210,15 @@ def readdress(edit: PolicyEdit, source: Sequence[int | None], policy: str) -> Po
         return KeepServed(original(edit.message), edit.text, edit.reason)
     if isinstance(edit, DropMessages):
         return DropMessages(tuple(original(i) for i in edit.messages), edit.mode, edit.reason)
+    if isinstance(edit, MarkSpan):
+        return MarkSpan(
+            original(edit.message),
+            edit.verb,
+            edit.replacement,
+            edit.priority,
+            edit.mode,
+            edit.reason,
+        )
     corrects = source[edit.corrects] if edit.corrects is not None else None
     after = edit.after
     if after is not None and after >= 0:  # after the nearest message that has an original

@@ -60,3 +60,16 @@ class SkillError(PolicyError, ValueError):
         super().__init__(f"skill {skill!r}: {problem}")
         self.skill = skill
         self.problem = problem
+
+
+class PinnedSpanError(PolicyError):
+    """The server refused a request because it would change a pinned span (``pinned_span``,
+    409): an edit of a pinned message (the agent's own rewrite, or another client's), or a
+    prompt that diverges from the session before a pin ends. Nothing was changed, on the
+    server or in the episode: unpin first, or leave the pinned message as it was."""
+
+    def __init__(self, session: str | None, detail: str, field: str | None = None) -> None:
+        super().__init__(f"session {session!r}: pinned span: {detail}")
+        self.session = session
+        self.detail = detail
+        self.field = field

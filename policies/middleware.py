@@ -30,7 +30,7 @@ import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
-from leyline.protocol.resources import Routes, TokenizeResponse
+from leyline.protocol.resources import Routes, SessionInfo, TokenizeResponse
 
 from .base import Summarizer, SummaryRequest
 from .messages import Message, canonical_json
@@ -44,7 +44,9 @@ from .middleware_wire import (
     composes,
     extra_body_of,
     failed_skills,
+    is_revision_conflict,
     normalize_messages,
+    pinned_error,
     renderer,
     resync_reason,
     server_root,
@@ -55,6 +57,7 @@ from .middleware_wire import (
     tokenize_body,
     with_stream_usage,
 )
+from .retention_marks import Dropped
 
 logger = logging.getLogger("leyline.policies.middleware")
 
@@ -148,20 +151,51 @@ class LeylineOpenAI(WrapperBase[openai.OpenAI]):
             prepared = self._prepare(episode, agent, support, kwargs.get("tools"), summarizer)
             t0 = time.perf_counter()
             resync = None
+            dropped: tuple[Dropped, ...] = ()
             try:
                 response = self._send(prepared, kwargs, extra)
             except (openai.APIStatusError, openai.APIConnectionError) as exc:
-                if prepared.leyline is None or not prepared.plan.directives:
+                _raise_pinned(exc, episode)
+                plan = prepared.plan
+                if prepared.leyline is None or not (plan.directives or plan.check_revision):
                     raise  # nothing of ours in it: the planner is as it was
-                resync = resync_reason(exc)
-                logger.info("re-sending without directives (%s)", resync)
-                self._drop_skills(exc, prepared)
-                episode.drop()
-                prepared = self._prepare(episode, agent, support, kwargs.get("tools"), summarizer)
-                response = self._send(prepared, kwargs, extra)
+                response = None
+                if is_revision_conflict(exc) and episode.planner.decaying:
+                    # The server dropped decay spans: mirror them, send the call again.
+                    dropped = self._mirror(episode) or ()
+                    if dropped:
+                        prepared = self._prepare(
+                            episode, agent, support, kwargs.get("tools"), summarizer
+                        )
+                        try:
+                            response = self._send(prepared, kwargs, extra)
+                        except (openai.APIStatusError, openai.APIConnectionError) as again:
+                            _raise_pinned(again, episode)
+                            exc = again
+                if response is None:
+                    resync = resync_reason(exc)
+                    logger.info("re-sending without directives (%s)", resync)
+                    self._drop_skills(exc, prepared)
+                    episode.drop()
+                    prepared = self._prepare(
+                        episode, agent, support, kwargs.get("tools"), summarizer
+                    )
+                    try:
+                        response = self._send(prepared, kwargs, extra)
+                    except openai.APIStatusError as final:
+                        _raise_pinned(final, episode)
+                        raise
             if isinstance(response, ChatCompletion):
                 latency = time.perf_counter() - t0
-                episode.commit(prepared, response, support, latency, resync, new_conversation=new)
+                episode.commit(
+                    prepared,
+                    response,
+                    support,
+                    latency,
+                    resync,
+                    new_conversation=new,
+                    dropped=dropped,
+                )
                 return response
 
             def commit(completion: ChatCompletion | None) -> None:
@@ -181,6 +215,7 @@ class LeylineOpenAI(WrapperBase[openai.OpenAI]):
                         resync,
                         streamed=True,
                         new_conversation=new,
+                        dropped=dropped,
                     )
 
             stream = LeylineStream(response, commit, reported=prepared.leyline is not None)
@@ -200,6 +235,7 @@ class LeylineOpenAI(WrapperBase[openai.OpenAI]):
         planner.render = renderer(self._tokenize, tools) if renders else None
         planner.skills = composes(self.skills, support) if renders else None
         planner.summarizer = summarizer
+        planner.retention = renders and support.retention
         try:
             return episode.prepare(agent, support)
         except RenderUnavailable as exc:
@@ -208,6 +244,18 @@ class LeylineOpenAI(WrapperBase[openai.OpenAI]):
             return episode.prepare(agent, support)
         finally:
             planner.render = planner.skills = planner.summarizer = None
+
+    def _mirror(self, episode: Episode) -> tuple[Dropped, ...] | None:
+        """Read the session (``GET /leyline/v1/sessions/{id}``) and mirror the spans it
+        dropped; None when it cannot be read or the drops are not ours."""
+        path = Routes.session.format(session=quote(episode.session, safe=""))
+        try:
+            data = self.client.get(server_root(self.client.base_url) + path, cast_to=object)
+            info = SessionInfo.model_validate(data)
+        except (openai.APIError, ValidationError) as exc:
+            logger.info("cannot read the session to mirror its drops: %s", exc)
+            return None
+        return episode.mirror(info)
 
     def _summarizer(self, model: object) -> Summarizer:
         """Summaries (:class:`~.summarize.Summarize`) as plain chat completions of the same
@@ -339,3 +387,10 @@ class _Completions:
 class _Chat:
     def __init__(self, owner: LeylineOpenAI) -> None:
         self.completions = _Completions(owner)
+
+
+def _raise_pinned(exc: BaseException, episode: Episode) -> None:
+    """A ``pinned_span`` refusal is the caller's to resolve: raise it typed, change nothing."""
+    error = pinned_error(exc, episode.session)
+    if error is not None:
+        raise error from exc

@@ -16,11 +16,13 @@ from dataclasses import asdict, dataclass, replace
 from pydantic import BaseModel, ValidationError
 
 from leyline.protocol import LeylineRequest, LeylineResponse, SpliceDirective, TokenSpan
+from leyline.protocol.resources import SessionInfo
 
 from .align import align_messages
 from .messages import Message, canonical_json, content_text, message_key
 from .middleware_wire import LEYLINE_KEY, ServerSupport
 from .planner import TurnPlan, TurnPlanner
+from .retention_marks import Dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,10 @@ class CallRecord:
     new_conversation: bool = False
     """The messages did not continue the previous conversation: this call opened a new
     session (see ``LeylineOpenAI(detect_conversations=...)``)."""
+    dropped: tuple[Dropped, ...] = ()
+    """Spans the server dropped and the wrapper mirrored this call: ``decay`` spans dropped
+    under memory pressure (learnt from a ``revision_conflict`` before the call was re-sent)
+    and ``scratch`` spans dropped at the end of this call's turn."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -151,18 +157,23 @@ class Episode:
         *,
         streamed: bool = False,
         new_conversation: bool = False,
+        dropped: tuple[Dropped, ...] = (),
     ) -> CallRecord:
-        """Record that the server answered ``prepared`` with ``completion``."""
+        """Record that the server answered ``prepared`` with ``completion`` (``dropped``:
+        what was mirrored before the request was sent)."""
         plan = prepared.plan
         sent = plan.directives if prepared.leyline is not None else ()
         leyline = _leyline_of(completion) if prepared.leyline is not None else None
-        self.planner.commit(plan, leyline if self.directives else None)
+        scratched = self.planner.commit(plan, leyline if self.directives else None)
         usage = getattr(completion, "usage", None)
         prompt = _int_attr(usage, "prompt_tokens")
         generated = _int_attr(usage, "completion_tokens")
         self._reply = None
         if leyline is not None and self.directives and generated is not None:
-            self._reply = _reply_of(completion, plan, leyline, generated)
+            # Spans dropped at the end of the turn moved the reply (the spans reported are
+            # after the drop, the token counts before it).
+            moved = sum(d.replacement_tokens - d.tokens for d in scratched)
+            self._reply = _reply_of(completion, plan, leyline, generated + moved)
         record = CallRecord(
             call=len(self.records),
             session=self.session if prepared.leyline is not None else None,
@@ -190,10 +201,22 @@ class Episode:
             cleared_tool_uses=plan.cleared_tool_uses,
             streamed=streamed,
             new_conversation=new_conversation,
+            dropped=(*dropped, *scratched),
         )
         self.records.append(record)
         self.last_plan = plan
         return record
+
+    def mirror(self, info: SessionInfo) -> tuple[Dropped, ...] | None:
+        """The session as ``GET /leyline/v1/sessions/{id}`` read it after a
+        ``revision_conflict``: mirror the decay spans it dropped (see
+        :meth:`TurnPlanner.mirror`). None: nothing to mirror (the caller resyncs)."""
+        found = self.planner.mirror(info.dropped, info.revision, info.spans)
+        if found and self._reply is not None:
+            moved = sum(d.replacement_tokens - d.tokens for d in found)
+            reply = self._reply
+            self._reply = _Reply(reply.message, reply.start + moved, reply.end + moved)
+        return found
 
     def drop(self) -> None:
         """The server's cache is not what the planner thinks (conflict, lost session, error):

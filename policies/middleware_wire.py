@@ -24,6 +24,7 @@ from leyline.protocol import (
 from leyline.protocol.resources import TokenizeRequest, TokenizeResponse
 
 from .base import SummaryRequest
+from .errors import PinnedSpanError
 from .messages import Message
 from .skill_refs import SkillLookup, wire_message
 from .skills import SkillSet
@@ -41,6 +42,14 @@ class ServerSupport:
     note: str
     """What was found, in words."""
     capabilities: Capabilities | None = None
+
+    @property
+    def retention(self) -> bool:
+        """Pins and marks can be sent: a Leyline server whose verbs include ``pin``,
+        ``decay`` and ``scratch``."""
+        caps = self.capabilities
+        wanted = {Verb.pin, Verb.decay, Verb.scratch}
+        return self.leyline and caps is not None and wanted <= set(caps.verbs)
 
     @property
     def compose(self) -> bool:
@@ -252,3 +261,17 @@ def resync_reason(exc: openai.APIError) -> str:
     if isinstance(exc, openai.APIStatusError):
         return exc.code or f"HTTP {exc.status_code}"
     return f"{type(exc).__name__}: {exc}"[:200]
+
+
+def pinned_error(exc: BaseException, session: str | None) -> PinnedSpanError | None:
+    """The typed error for a ``pinned_span`` refusal (None for any other error)."""
+    if not isinstance(exc, openai.APIStatusError) or exc.code != "pinned_span":
+        return None
+    body = exc.body if isinstance(exc.body, Mapping) else {}
+    field = body.get("field")
+    detail = str(body.get("message") or exc.message)
+    return PinnedSpanError(session, detail, str(field) if field is not None else None)
+
+
+def is_revision_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, openai.APIStatusError) and exc.code == "revision_conflict"

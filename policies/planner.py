@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from leyline.protocol import LeylineRequest, LeylineResponse, MessageSpan, Mode, TokenSpan
+from leyline.protocol.envelope import DroppedSpan
 
 from .align import align_messages
 from .base import Policy, Summarizer, run_policy
@@ -30,6 +31,7 @@ from .edits import (
     AppliedEdits,
     DropMessages,
     KeepServed,
+    MarkSpan,
     PolicyEdit,
     ReplaceContent,
     ReplaceMessage,
@@ -39,6 +41,7 @@ from .edits import (
 from .errors import TranscriptError
 from .messages import Message, canonical_json, message_key, with_content
 from .registry import PolicyConfig, parse_policy
+from .retention_marks import Dropped, MarkDirective, SentMark, mark_directives, match_drops
 from .skill_refs import SkillLookup, skill_blocks, wire_message
 from .transcript import Transcript
 from .translate import Addressing, EditDirective, Render, plan_directives
@@ -52,7 +55,7 @@ class TurnPlan:
     messages: tuple[Message, ...]
     """The messages to send: the agent's, with the policy's edits applied (and without the
     side field of skill messages, which is for the planner only)."""
-    directives: tuple[EditDirective, ...]
+    directives: tuple[EditDirective | MarkDirective, ...]
     base_revision: int | None
     """The cached revision the directives address (None when nothing is cached)."""
     edits: tuple[PolicyEdit, ...]
@@ -70,10 +73,18 @@ class TurnPlan:
     subtracted), counted with the planner's counter."""
     cleared_tool_uses: tuple[str, ...] = ()
     """Tool calls (ids) whose output or arguments this turn's edits cleared or removed."""
+    marks: tuple[SentMark, ...] = ()
+    """The ``pin``, ``decay`` and ``scratch`` directives among ``directives``: which sent
+    message each one marks."""
+    check_revision: bool = False
+    """Send ``base_revision`` even without directives: the server may have dropped decay
+    spans since, and must then answer ``revision_conflict`` instead of re-prefilling."""
 
     def leyline(self, session: str | None = None) -> LeylineRequest:
         """The ``leyline`` object of the chat request (``extra_body={"leyline": ...}``)."""
         if not self.directives:
+            if self.check_revision and self.base_revision is not None:
+                return LeylineRequest(session=session, base_revision=self.base_revision)
             return LeylineRequest(session=session)
         return LeylineRequest(
             session=session, base_revision=self.base_revision, directives=list(self.directives)
@@ -106,6 +117,18 @@ class TurnPlanner:
         self._served: tuple[Message, ...] = ()
         self._spans: tuple[MessageSpan, ...] = ()
         self._revision: int | None = None
+        self.retention = False
+        """The server executes ``pin``, ``decay`` and ``scratch`` (the wrappers set it per
+        call): pins go as directives, and policies may mark spans instead of clearing."""
+        self._pinned: set[str] = set()
+        """Served messages (keys) pinned on the server."""
+        self._decaying: dict[str, SentMark] = {}
+        """Served messages (keys) marked ``decay`` on the server, not yet dropped."""
+
+    @property
+    def decaying(self) -> bool:
+        """Decay marks are out: the server may drop their spans at any time."""
+        return bool(self._decaying) and self._revision is not None
 
     @property
     def revision(self) -> int | None:
@@ -133,6 +156,7 @@ class TurnPlanner:
         """
         agent = tuple(messages)
         log, base, view = self._view(agent)
+        marking = self.retention and self._revision is not None
         edits: list[PolicyEdit] = []
         if self.policy is not None:
             edits = run_policy(
@@ -141,6 +165,7 @@ class TurnPlanner:
                 counter=self.counter,
                 served=self._served,
                 summarizer=self.summarizer,
+                retention=marking,
             )
         cleared_tokens, cleared_uses = self._cleared(view, edits)
         name = self.policy.type if self.policy is not None else "<none>"
@@ -155,8 +180,9 @@ class TurnPlanner:
             for e in log
             if not (isinstance(e, ReplaceContent | ReplaceMessage) and e.message in changed)
         )
-        new_log = kept + tuple(e for e in mapped if not isinstance(e, KeepServed))
+        new_log = kept + tuple(e for e in mapped if not isinstance(e, KeepServed | MarkSpan))
         transient = [e for e in mapped if isinstance(e, KeepServed)]
+        marks = [e for e in mapped if isinstance(e, MarkSpan)]
         final = apply_to_messages(agent, [*new_log, *transient])
         sent = tuple(wire_message(m) for m in final.messages)
         if self._revision is None:  # nothing cached: no directives, nothing to compose into
@@ -181,9 +207,26 @@ class TurnPlanner:
             skills=blocks,
             tail=tail,
         )
+        directives: tuple[EditDirective | MarkDirective, ...] = result.directives
+        sent_marks: tuple[SentMark, ...] = ()
+        if marking and result.fallback is None:
+            pins = {s for v in view.pinned if (s := base.source[v]) is not None}
+            sent_marks = mark_directives(
+                served=self._served,
+                sent=sent,
+                source=final.source,
+                spans=self._spans,
+                edits=result.directives,
+                pins=sorted(pins),
+                pin_ttl_s=self.policy.pin_ttl_s() if self.policy is not None else None,
+                marks=marks,
+                pinned_before=self._pinned,
+                decaying=self._decaying,
+            )
+            directives = (*directives, *(m.directive for m in sent_marks))
         return TurnPlan(
             messages=sent,
-            directives=result.directives,
+            directives=directives,
             base_revision=self._revision,
             edits=tuple(edits),
             fallback=result.fallback,
@@ -193,24 +236,96 @@ class TurnPlanner:
             tail_replaced=result.tail_replaced,
             cleared_tokens=cleared_tokens,
             cleared_tool_uses=cleared_uses,
+            marks=sent_marks,
+            check_revision=marking and bool(self._decaying),
         )
 
-    def commit(self, plan: TurnPlan, response: LeylineResponse | None = None) -> None:
+    def commit(
+        self, plan: TurnPlan, response: LeylineResponse | None = None
+    ) -> tuple[Dropped, ...]:
         """Record that ``plan`` was served; ``response`` is the server's ``leyline`` object
-        (None from a server without Leyline: later plans then carry no directives)."""
+        (None from a server without Leyline: later plans then carry no directives).
+
+        Spans the server dropped at the end of this turn (``scratch``) are mirrored: the
+        message now holds the mark's replacement, in what was served and in the edit log,
+        so the next request extends the session. Returns what was mirrored."""
         self._agent, self._log, self._served = plan.agent, plan.log, plan.messages
         if response is None:
             self._revision, self._spans = None, ()
-            return
+            self._pinned.clear()
+            self._decaying.clear()
+            return ()
         self._revision = response.revision
         # The revision may also hold the generated reply; address only what was sent.
         spans = tuple(response.spans)
         self._spans = spans[: len(plan.messages)] if len(spans) >= len(plan.messages) else ()
+        for mark in plan.marks:
+            if mark.verb == "pin":
+                self._pinned.add(mark.key)
+            elif mark.verb == "decay":
+                self._decaying[mark.key] = mark
+        scratches = sorted((m for m in plan.marks if m.verb == "scratch"), key=lambda m: m.message)
+        base = plan.base_revision if plan.base_revision is not None else -1
+        dropped = [d for d in response.dropped if d.verb == "scratch" and d.revision > base]
+        if not scratches and not dropped:
+            return ()
+        if len(dropped) != len(scratches):  # not the drops asked for: start afresh
+            self.drop_session()
+            return ()
+        for mark in scratches:
+            self._replace_served(mark.message, mark.replacement, mark.mode)
+        return tuple(
+            Dropped(d.verb, m.message, d.revision, d.end - d.start, d.replacement_tokens)
+            for m, d in zip(scratches, dropped, strict=True)
+        )
+
+    def mirror(
+        self, dropped: Sequence[DroppedSpan], revision: int, spans: Sequence[MessageSpan]
+    ) -> tuple[Dropped, ...] | None:
+        """The server dropped decay spans (a session's ``dropped``, as ``GET
+        /leyline/v1/sessions/{id}`` lists them, with its ``revision`` and ``spans``): put
+        each mark's replacement in its message and address ``revision`` next, so the next
+        request extends the session without a re-prefill. None (nothing changed) when the
+        drops are not spans of messages this planner marked ``decay``."""
+        if self._revision is None or len(self._spans) != len(self._served):
+            return None
+        news = [d for d in dropped if d.revision > self._revision]
+        found = match_drops(news, self._spans, self._served, self._decaying)
+        if not found:
+            return None
+        for index, mark, _ in found:
+            self._replace_served(index, mark.replacement, mark.mode)
+            self._decaying.pop(mark.key, None)
+        self._revision = revision
+        kept = tuple(spans)
+        self._spans = kept[: len(self._served)] if len(kept) >= len(self._served) else ()
+        return tuple(
+            Dropped(d.verb, i, d.revision, d.end - d.start, d.replacement_tokens)
+            for i, _, d in found
+        )
 
     def drop_session(self) -> None:
         """Forget the server's cache (lost, or a revision conflict): the next plan sends plain
         messages and the server re-prefills. The policy's edits are kept."""
         self._revision, self._spans = None, ()
+        self._pinned.clear()
+        self._decaying.clear()
+
+    def _replace_served(self, index: int, text: str, mode: Mode) -> None:
+        """Served message ``index`` now holds ``text`` on the server: so it is served, and
+        so the log makes it from the agent's message from now on."""
+        message = with_content(self._served[index], text)
+        self._served = (*self._served[:index], message, *self._served[index + 1 :])
+        source = apply_to_messages(self._agent, self._log).source
+        origin = source[index] if index < len(source) else None
+        if origin is None:
+            return
+        others = tuple(
+            e
+            for e in self._log
+            if not (isinstance(e, ReplaceContent | ReplaceMessage) and e.message == origin)
+        )
+        self._log = (*others, ReplaceContent(origin, text, mode, "dropped by the server"))
 
     def _view(
         self, agent: tuple[Message, ...]
@@ -225,6 +340,9 @@ class TurnPlanner:
             log = tuple(e for e in log if not isinstance(e, DropMessages))  # a drop orphaned
             base = apply_to_messages(agent, log)
             view = Transcript.from_messages(base.messages, pinned=self._pins(agent, base.source))
+        own = self.policy.pins(view) - view.pinned if self.policy is not None else frozenset()
+        if own:  # the policy's own pins (``Pin``) hold for every policy, and on the server
+            view = Transcript.from_messages(view.messages, pinned=view.pinned | own)
         return log, base, view
 
     def _replay(self, agent: tuple[Message, ...]) -> tuple[PolicyEdit, ...]:

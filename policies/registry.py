@@ -133,6 +133,7 @@ class PolicyRegistry:
         from .combinators import Chain, When
         from .errata import FieldErrata
         from .failed import FailedAttempts
+        from .retention import Pin, ScratchReasoning
         from .staleness import StaleToolOutputs
         from .summarize import Summarize
         from .truncate import TruncateOldToolOutputs
@@ -145,6 +146,8 @@ class PolicyRegistry:
             ClearToolUses,
             Summarize,
             FieldErrata,
+            Pin,
+            ScratchReasoning,
             Chain,
             When,
         ):

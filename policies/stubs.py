@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -18,7 +18,7 @@ from pydantic import AfterValidator
 
 from leyline.protocol import Mode
 
-from .edits import ReplaceContent
+from .edits import MarkSpan, PolicyEdit, ReplaceContent
 from .transcript import ToolOutput, Transcript
 
 STUB_FIELDS = ("tool", "call_id", "turn", "chars", "lines")
@@ -96,3 +96,30 @@ def stub_edit(
     if len(stub) >= len(output.text):
         return None
     return ReplaceContent(output.message, stub, mode, reason)
+
+
+def decay_marks(
+    transcript: Transcript,
+    outputs: Sequence[ToolOutput],
+    template: str,
+    mode: Mode,
+    reason: str,
+    is_stub: StubMatcher,
+) -> list[PolicyEdit]:
+    """``decay`` marks for ``outputs`` (those :func:`stub_edit` would stub), the stub as the
+    replacement and the call's turn as the priority (older outputs are dropped first)."""
+    marks: list[PolicyEdit] = []
+    for output in outputs:
+        edit = stub_edit(transcript, output, template, mode, reason, is_stub)
+        if edit is not None:
+            marks.append(
+                MarkSpan(
+                    output.message,
+                    "decay",
+                    edit.text,
+                    priority=output.call.turn,
+                    mode=mode,
+                    reason=f"{reason}: decays",
+                )
+            )
+    return marks

@@ -10,7 +10,7 @@ from leyline.protocol import Mode
 
 from .base import EditMode, Policy, PolicyContext
 from .edits import PolicyEdit
-from .stubs import StubTemplate, stub_edit
+from .stubs import StubTemplate, decay_marks, stub_edit
 from .transcript import Transcript
 
 
@@ -27,6 +27,9 @@ class TruncateOldToolOutputs(Policy):
     exclude_tools: tuple[str, ...] = ()
     """Tools whose outputs are never stubbed (e.g. a memory or plan tool)."""
     mode: EditMode = Mode.amortize
+    decay: bool = False
+    """Where the server executes ``decay``: mark the old outputs ``decay`` (the stub as the
+    replacement, older turns dropped first) instead of stubbing them now."""
 
     def stub_templates(self) -> tuple[str, ...]:
         return (self.stub,)
@@ -35,10 +38,15 @@ class TruncateOldToolOutputs(Policy):
         turns = transcript.tool_turns()
         kept = set(turns[len(turns) - self.keep_last :]) if self.keep_last else set()
         edits: list[PolicyEdit] = []
-        for output in transcript.outputs:
-            if output.call.turn in kept or output.call.name in self.exclude_tools:
-                continue
-            reason = f"older than the last {self.keep_last} tool turns"
+        reason = f"older than the last {self.keep_last} tool turns"
+        old = [
+            o
+            for o in transcript.outputs
+            if o.call.turn not in kept and o.call.name not in self.exclude_tools
+        ]
+        if self.decay and context.retention:
+            return decay_marks(transcript, old, self.stub, self.mode, reason, context.is_stub)
+        for output in old:
             edit = stub_edit(transcript, output, self.stub, self.mode, reason, context.is_stub)
             if edit is not None:
                 edits.append(edit)

@@ -3,13 +3,21 @@
 It does what the spec asks of a server with a plan: resolve the batch against the cached
 revision (``resolve_batch``), apply it (``apply_edits``), and check that the request's
 messages render to the edited tokens plus an appended tail, which is what lets the server
-keep the KV. It generates nothing: the scripted agent appends its own replies.
+keep the KV. It generates nothing: the scripted agent appends its own replies. It accepts
+the retention verbs (pin, decay, scratch) and keeps no marks: tests script the drops.
 """
 
 from __future__ import annotations
 
 from leyline.policies import TurnPlan
-from leyline.protocol import ForgetDirective, LeylineResponse, Path, apply_edits, resolve_batch
+from leyline.protocol import (
+    ForgetDirective,
+    LeylineResponse,
+    Path,
+    Verb,
+    apply_edits,
+    resolve_batch,
+)
 
 from .toy_chat import render, tokenize
 
@@ -31,6 +39,7 @@ class ToyServer:
                 length=len(self.tokens),
                 tokenize=tokenize,
                 spans=self.spans,  # type: ignore[arg-type]
+                supported=frozenset(Verb),
             )
             result = apply_edits(self.tokens, batch.edits)
             edited = list(result.tokens)

@@ -1,0 +1,1 @@
+"""``leyline eval memory``: where to put a user profile, early or late, and what it costs."""
