@@ -16,6 +16,8 @@ for the current value. Three arms, each in its own session on the server:
   none        the full history
   reprefill   TruncateOldToolOutputs(keep_last) stubs old outputs; edited messages, plain
   splice      the same edits as Leyline splice directives (downstream KV kept)
+  summarize   (with --summarize) old turns replaced by a summary the same server writes,
+              sent as a splice
 
 The answer is scored as a choice among the candidate values (the values shown) from the
 next-token logprobs after an answer prefix, on each arm's own cached tokens. Reports
@@ -64,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"CI mode: {FAST_TASKS} tasks, stale {','.join(map(str, FAST_STALE))}",
     )
+    parser.add_argument(
+        "--summarize",
+        action="store_true",
+        help="also run a fourth arm: Summarize (old turns replaced by a summary the same "
+        "server writes, sent as a splice) instead of truncation",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -86,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         out=args.out,
         fast=args.fast,
         progress=not args.no_progress,
+        summarize=args.summarize,
     )
     run_proxy(options)
     return 0

@@ -11,6 +11,7 @@ ARM_TITLES = {
     "none": "none (full history)",
     "reprefill": "policy, re-prefill",
     "splice": "policy, splice",
+    "summarize": "Summarize (server-written summary, splice)",
 }
 
 
@@ -97,7 +98,12 @@ def plot(path: Path, summary: dict[str, Any], keep_last: int) -> None:
 
     arms = list(summary["arms"])
     fig, (bars, lines, tokens) = plt.subplots(1, 3, figsize=(15, 4.6))
-    colors = {"none": "tab:gray", "reprefill": "tab:blue", "splice": "tab:orange"}
+    colors = {
+        "none": "tab:gray",
+        "reprefill": "tab:blue",
+        "splice": "tab:orange",
+        "summarize": "tab:green",
+    }
     for i, arm in enumerate(arms):
         acc = summary["arms"][arm]["accuracy"]
         rate = acc["rate"] or 0.0

@@ -37,6 +37,8 @@ class ProxyOptions:
     out: Path | None = None
     fast: bool = False
     progress: bool = True
+    summarize: bool = False
+    """Also run the Summarize arm (the server writes each summary: one more request)."""
 
 
 def run_proxy(options: ProxyOptions, out: TextIO | None = None) -> dict[str, Any]:
@@ -65,7 +67,12 @@ def run_proxy(options: ProxyOptions, out: TextIO | None = None) -> dict[str, Any
             model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=1
         )
         stamp = datetime.now(UTC).strftime("%Y%m%d%H%M%S%f")
-        settings = RunSettings(model=model, keep_last=options.keep_last, session_prefix=stamp)
+        settings = RunSettings(
+            model=model,
+            keep_last=options.keep_last,
+            session_prefix=stamp,
+            summarize=options.summarize,
+        )
         runner = ProxyRunner(client, settings, leyline=leyline)
         try:
             results = [

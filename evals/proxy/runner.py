@@ -18,6 +18,9 @@ last request adds the question; then the answer is scored (``scoring``):
 * ``splice``: the same policy; its edits go as Leyline ``splice`` directives: the server
   cuts each stale output and keeps the downstream KV (AMORTIZE). Against a server without
   Leyline it runs as re-prefill (``CallRecord.leyline`` is False) and the report says so.
+* ``summarize`` (with ``RunSettings.summarize``): ``Summarize`` instead of truncation: once
+  the history holds ``SUMMARIZE_AFTER`` tool uses, its old turns (all but the last
+  ``keep_last``) become one summary the same server writes, sent as a splice.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from typing import Any
 import openai
 
 from leyline.evals.demo.agreement import approx_kl, first_token_top
-from leyline.policies import CallRecord, LeylineOpenAI, TruncateOldToolOutputs
+from leyline.policies import CallRecord, LeylineOpenAI, Policy, TruncateOldToolOutputs
+from leyline.policies.summarize import Summarize
+from leyline.policies.triggers import Trigger
 from leyline.protocol.client import LeylineClient
 
 from .scoring import Choice, choose
@@ -39,6 +44,10 @@ from .tasks import Task
 
 ARMS: tuple[str, ...] = ("none", "reprefill", "splice")
 POLICY_ARMS: tuple[str, ...] = ("reprefill", "splice")
+SUMMARIZE_ARM = "summarize"
+SUMMARIZE_AFTER = 3
+"""Tool uses in the history before the summarize arm's policy fires."""
+SUMMARY_TOKENS = 64
 OnCall = Callable[[str, CallRecord], None]
 
 
@@ -48,6 +57,12 @@ class RunSettings:
     keep_last: int = 2
     top_logprobs: int = 20
     session_prefix: str = "proxy"
+    summarize: bool = False
+    """Also run the ``summarize`` arm."""
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return (*ARMS, SUMMARIZE_ARM) if self.summarize else ARMS
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +162,11 @@ class ProxyRunner:
 
     def run(self, task: Task) -> TaskResult:
         # Alternate the arm order per task so that no arm always runs on a warmer machine.
-        order = ARMS if task.index % 2 == 0 else ARMS[::-1]
+        arms = self.settings.arms
+        order = arms if task.index % 2 == 0 else arms[::-1]
         prefix = self._prefix_tokens(task)
         done = {name: self._arm(task, name, prefix) for name in order}
-        return TaskResult(task, {name: done[name] for name in ARMS})
+        return TaskResult(task, {name: done[name] for name in arms})
 
     def _prefix_tokens(self, task: Task) -> list[int] | None:
         if self.leyline is None:
@@ -159,14 +175,20 @@ class ProxyRunner:
 
     def _arm(self, task: Task, arm: str, prefix: list[int] | None) -> ArmResult:
         settings = self.settings
-        policy = None
+        policy: Policy | None = None
         if arm in POLICY_ARMS:
             policy = TruncateOldToolOutputs(keep_last=settings.keep_last)
+        elif arm == SUMMARIZE_ARM:
+            policy = Summarize(
+                trigger=Trigger(tool_uses=SUMMARIZE_AFTER),
+                keep_last=settings.keep_last,
+                max_tokens=SUMMARY_TOKENS,
+            )
         wrapper = LeylineOpenAI(
             self.client,
             policy,
             session=f"{settings.session_prefix}-{task.index}-{arm}",
-            directives=arm == "splice",
+            directives=arm in ("splice", SUMMARIZE_ARM),
         )
         messages = task.opening()
         try:

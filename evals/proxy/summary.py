@@ -13,17 +13,19 @@ from typing import Any
 from leyline.evals.common.stats import wilson
 
 ARMS: tuple[str, ...] = ("none", "reprefill", "splice")
+OPTIONAL_ARMS: tuple[str, ...] = ("summarize",)
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The summary of ``report.json``: ``arms``, ``by_stale``, ``paired``, ``agreement``."""
-    arms = {arm: _arm(records, arm) for arm in ARMS}
+    present = ARMS + tuple(a for a in OPTIONAL_ARMS if records and a in records[0]["arms"])
+    arms = {arm: _arm(records, arm) for arm in present}
     levels = sorted({r["stale"] for r in records})
     by_stale = {
         arm: {
             str(level): _rate([r for r in records if r["stale"] == level], arm) for level in levels
         }
-        for arm in ARMS
+        for arm in present
     }
     chance = [1 / len(r["candidates"]) for r in records]
     return {
@@ -31,7 +33,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "chance": sum(chance) / len(chance) if chance else None,
         "arms": arms,
         "by_stale": by_stale,
-        "paired": {arm: _paired(records, arm, "none") for arm in ("reprefill", "splice")},
+        "paired": {arm: _paired(records, arm, "none") for arm in present if arm != "none"},
         "agreement": _agreement(records),
     }
 
