@@ -11,11 +11,16 @@ Pairing: ``"half"`` rotates dim ``i`` with ``i + d/2`` (HF ``rotate_half``); ``"
 rotates ``2i`` with ``2i + 1`` (llama.cpp, DeepSeek-V2's complex form). The rotary band is
 the first ``2·len(inv_freq)`` dims of the tensor handed in; callers slice partial-rotary and
 MLA bands out first (see ``layouts``).
+
+Speed: :func:`rotate_into` runs the fused CPU kernel of ``rope_kernel`` (one read and one
+write per key, about a copy's throughput) wherever it reproduces :func:`rotate_into_eager`
+bitwise; the eager path covers everything else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +31,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from leyline.protocol.fallback import FallbackReason
 
+from . import rope_kernel
 from .errors import SpliceUnsupportedError
 
 Pairing = Literal["half", "interleaved"]
@@ -126,6 +132,19 @@ def delta_cos_sin(
     return angles.cos().float().to(device), angles.sin().float().to(device)
 
 
+@functools.lru_cache(maxsize=256)
+def _cos_sin_of(freq_bytes: bytes, delta: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = torch.frombuffer(bytearray(freq_bytes), dtype=torch.float32)
+    return delta_cos_sin(inv_freq, delta)
+
+
+def _cached_cos_sin(inv_freq: torch.Tensor, delta: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`delta_cos_sin` on CPU, memoised by frequencies and delta: a splice rotates
+    every layer by the same delta. The tensors are shared: read them, never write."""
+    freq = inv_freq.detach().to(device="cpu", dtype=torch.float32).contiguous()
+    return _cos_sin_of(freq.numpy().tobytes(), delta)
+
+
 def _complex_ok(t: torch.Tensor) -> bool:
     """Whether pairs of ``t``'s last dim can be viewed as complex numbers in place."""
     return (
@@ -170,6 +189,140 @@ def _rotate_pairs(
     y2.addcmul_(x1, sin)  # x2·cos + x1·sin
 
 
+def _kernel_formula(
+    band_dst: torch.Tensor, band_src: torch.Tensor, pairing: Pairing
+) -> Literal["addcmul", "complex"] | None:
+    """Which arithmetic :func:`_rotate_pairs` would use on these bands (None: leave them to
+    the eager path). Half-split: ``mul`` then ``addcmul``; interleaved: the complex
+    multiply, when fp32 bands can be viewed as complex (bf16 is staged in a dense fp32
+    copy, which always can)."""
+    if pairing == "half":
+        return "addcmul"
+    if band_src.dtype == torch.bfloat16:
+        return "complex"
+    if _complex_ok(band_src) and _complex_ok(band_dst):
+        return "complex"
+    return None
+
+
+@functools.cache
+def _kernel_mode(formula: Literal["addcmul", "complex"], half: int) -> bool | None:
+    """The kernel's ``fused`` flag that reproduces the eager ``formula`` bitwise at this
+    band width, found once on a probe (the eager rounding order depends on torch's build and
+    CPU: fused multiply-adds in ``addcmul`` on AVX2/NEON, none in its complex multiply). None:
+    neither order matches (or no kernel), so such bands stay on the eager path."""
+    kernel = rope_kernel.load()
+    if kernel is None:
+        return None
+    pairing: Pairing = "half" if formula == "addcmul" else "interleaved"
+    generator = torch.Generator().manual_seed(half)
+    x = torch.randn(2, 128, 2 * half, generator=generator)
+    inv_freq = (10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)).float()
+    cos, sin = delta_cos_sin(inv_freq, 1237)
+    want = torch.empty_like(x)
+    _rotate_pairs(want, x, cos, sin, pairing)
+    for fused in (True, False):
+        got = torch.empty_like(x)
+        kernel.rotate([(got, x)], cos, sin, interleaved=pairing == "interleaved", fused=fused)
+        if torch.equal(got, want):
+            return fused
+    return None
+
+
+def _fused_plan(
+    band_dst: torch.Tensor, band_src: torch.Tensor, pairing: Pairing
+) -> tuple[rope_kernel.Band, bool] | None:
+    """The kernel's description of this band and its rounding order, or None when the band
+    stays on the eager path."""
+    band = rope_kernel.describe(band_dst, band_src)
+    if band is None:
+        return None
+    formula = _kernel_formula(band_dst, band_src, pairing)
+    fused = None if formula is None else _kernel_mode(formula, band_src.shape[-1] // 2)
+    return None if fused is None else (band, fused)
+
+
+def _rotate_eager(
+    band_dst: torch.Tensor,
+    band_src: torch.Tensor,
+    delta: int,
+    inv_freq: torch.Tensor,
+    pairing: Pairing,
+) -> None:
+    cos, sin = delta_cos_sin(inv_freq, delta, band_src.device)
+    # Token chunks of about 1 MiB, so the later passes over a chunk hit the CPU cache
+    # (one chunk when the rotation is a single complex multiply).
+    single_pass = pairing == "interleaved" and _complex_ok(band_src) and _complex_ok(band_dst)
+    per_token = max(1, band_src[..., :1, :].numel() * 4)
+    n = band_src.shape[-2]
+    step = n if single_pass else max(1, _CHUNK_BYTES // per_token)
+    for a in range(0, n, step):
+        chunk_src, chunk_dst = band_src[..., a : a + step, :], band_dst[..., a : a + step, :]
+        if chunk_src.dtype == torch.float32:
+            _rotate_pairs(chunk_dst, chunk_src, cos, sin, pairing)
+        else:
+            tmp = torch.empty(chunk_src.shape, dtype=torch.float32, device=band_src.device)
+            _rotate_pairs(tmp, chunk_src.float(), cos, sin, pairing)
+            chunk_dst.copy_(tmp)
+
+
+def _rotate_many(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    delta: int,
+    inv_freq: torch.Tensor,
+    pairing: Pairing,
+    offset: int,
+    *,
+    fused: bool,
+) -> None:
+    width = 2 * int(inv_freq.numel())
+    for _, src in pairs:
+        if offset < 0 or offset + width > src.shape[-1]:
+            raise ValueError(
+                f"rotary band [{offset}, {offset + width}) outside dim {src.shape[-1]}"
+            )
+    if delta == 0:
+        for dst, src in pairs:
+            dst.copy_(src)
+        return
+    if pairing not in ("half", "interleaved"):
+        raise ValueError(f"unknown pairing {pairing!r}")
+    stop = offset + width
+    kernel = rope_kernel.load() if fused else None
+    # Bands the kernel takes, grouped by (dtype, rounding order): one call per group.
+    groups: dict[tuple[torch.dtype, bool], list[tuple[rope_kernel.Band, int]]] = {}
+    for dst, src in pairs:
+        if offset > 0:
+            dst[..., :offset].copy_(src[..., :offset])
+        if stop < src.shape[-1]:
+            dst[..., stop:].copy_(src[..., stop:])
+        whole = offset == 0 and stop == src.shape[-1]
+        band_src = src if whole else src[..., offset:stop]
+        band_dst = dst if whole else dst[..., offset:stop]
+        plan = None if kernel is None else _fused_plan(band_dst, band_src, pairing)
+        if plan is None:
+            _rotate_eager(band_dst, band_src, delta, inv_freq, pairing)
+        else:
+            nbytes = band_src.numel() * band_src.element_size()
+            groups.setdefault((band_src.dtype, plan[1]), []).append((plan[0], nbytes))
+    if not groups:
+        return
+    assert kernel is not None
+    cos, sin = _cached_cos_sin(inv_freq, delta)
+    for (dtype, order), bands in groups.items():
+        for a in range(0, len(bands), rope_kernel.MAX_BANDS):
+            part = bands[a : a + rope_kernel.MAX_BANDS]
+            kernel.run(
+                [band for band, _ in part],
+                cos,
+                sin,
+                bf16=dtype == torch.bfloat16,
+                interleaved=pairing == "interleaved",
+                fused=order,
+                nbytes=sum(n for _, n in part),
+            )
+
+
 def rotate_into(
     dst: torch.Tensor,
     src: torch.Tensor,
@@ -183,33 +336,40 @@ def rotate_into(
     rotated by ``delta``; every other dim copied bitwise. Returns ``dst``.
 
     The rotation runs in fp32 (angles in fp64) and is cast to ``dst.dtype``; ``delta == 0``
-    is a plain copy, the identity exactly. ``src`` is never written.
+    is a plain copy, the identity exactly. ``src`` is never written. On CPU (fp32 or bf16
+    storage) it runs as one fused pass (``rope_kernel``), bitwise equal to
+    :func:`rotate_into_eager`; elsewhere, or without the kernel, it is that function.
     """
-    width = 2 * int(inv_freq.numel())
-    if offset < 0 or offset + width > src.shape[-1]:
-        raise ValueError(f"rotary band [{offset}, {offset + width}) outside dim {src.shape[-1]}")
-    if delta == 0:
-        return dst.copy_(src)
-    stop = offset + width
-    if offset > 0:
-        dst[..., :offset].copy_(src[..., :offset])
-    if stop < src.shape[-1]:
-        dst[..., stop:].copy_(src[..., stop:])
-    cos, sin = delta_cos_sin(inv_freq, delta, src.device)
-    band_src, band_dst = src[..., offset:stop], dst[..., offset:stop]
-    # Token chunks of about 1 MiB, so the later passes over a chunk hit the CPU cache
-    # (one chunk when the rotation is a single complex multiply).
-    single_pass = pairing == "interleaved" and _complex_ok(band_src) and _complex_ok(band_dst)
-    per_token = max(1, band_src[..., :1, :].numel() * 4)
-    step = src.shape[-2] if single_pass else max(1, _CHUNK_BYTES // per_token)
-    for a in range(0, src.shape[-2], step):
-        chunk_src, chunk_dst = band_src[..., a : a + step, :], band_dst[..., a : a + step, :]
-        if chunk_src.dtype == torch.float32:
-            _rotate_pairs(chunk_dst, chunk_src, cos, sin, pairing)
-        else:
-            tmp = torch.empty(chunk_src.shape, dtype=torch.float32, device=src.device)
-            _rotate_pairs(tmp, chunk_src.float(), cos, sin, pairing)
-            chunk_dst.copy_(tmp)
+    _rotate_many([(dst, src)], delta, inv_freq, pairing, offset, fused=True)
+    return dst
+
+
+def rotate_many_into(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    delta: int,
+    inv_freq: torch.Tensor,
+    pairing: Pairing,
+    *,
+    offset: int = 0,
+) -> None:
+    """:func:`rotate_into` for every ``(dst, src)`` (e.g. one per layer), bitwise the same,
+    with the fused bands rotated in one kernel call: one fork-join of the threads for a
+    whole cache instead of one per layer."""
+    _rotate_many(pairs, delta, inv_freq, pairing, offset, fused=True)
+
+
+def rotate_into_eager(
+    dst: torch.Tensor,
+    src: torch.Tensor,
+    delta: int,
+    inv_freq: torch.Tensor,
+    pairing: Pairing,
+    *,
+    offset: int = 0,
+) -> torch.Tensor:
+    """:func:`rotate_into` in eager PyTorch ops only: the reference the fused kernel is
+    checked against, and the path for other devices and dtypes."""
+    _rotate_many([(dst, src)], delta, inv_freq, pairing, offset, fused=False)
     return dst
 
 

@@ -31,7 +31,7 @@ from leyline.protocol.algebra import EditResult, Run
 from .forward import KVBuffers, filled, kv_length, new_buffers
 from .kv_blocks import KVCache
 from .layouts import CacheLayout
-from .rope import RopeSpec, rotate_into
+from .rope import RopeSpec, rotate_many_into
 
 ForwardInto = Callable[[KVBuffers, int, Sequence[int]], torch.Tensor]
 """Prefill tokens after the first ``length`` buffered positions, in place; return the
@@ -87,20 +87,22 @@ def _place(
     layout: CacheLayout | None,
     rope: RopeSpec | None,
 ) -> None:
-    """Write a kept run's old entries at its new positions, rotating its keys by delta."""
+    """Write a kept run's old entries at its new positions, rotating its keys by delta (all
+    layers' keys in one call: one fused kernel pass on CPU, see ``rope.rotate_many_into``)."""
     assert run.old_start is not None
     if run.delta and (layout is None or rope is None):
         raise ValueError("a kept run moves but the model has no rotatable layout")
+    rotated: list[tuple[torch.Tensor, torch.Tensor]] = []
     for old_layer, new_layer in zip(kv, buffers, strict=True):
         for slot, (src, dst) in enumerate(zip(old_layer, new_layer, strict=True)):
             src = src[..., run.old_start : run.old_start + len(run), :]
             dst = dst[..., run.new_start : run.new_end, :]
-            if run.delta and layout is not None and rope is not None and slot == layout.slot:
-                rotate_into(
-                    dst, src, run.delta, rope.inv_freq, layout.pairing, offset=layout.offset
-                )
+            if run.delta and layout is not None and slot == layout.slot:
+                rotated.append((dst, src))
             else:
                 dst.copy_(src)
+    if rotated and layout is not None and rope is not None:
+        rotate_many_into(rotated, run.delta, rope.inv_freq, layout.pairing, offset=layout.offset)
 
 
 def _exact_length(runs: Sequence[Run], first_change: int, old_exact: int) -> int:

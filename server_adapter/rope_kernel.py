@@ -1,0 +1,545 @@
+"""A fused CPU kernel for the delta rotation of cached keys (``rope.rotate_into``).
+
+Rotating keys by one delta is the same 2x2 rotation per frequency for every token, so the
+whole job is one read and one write of each key row: ``y1 = x1·cos - x2·sin``,
+``y2 = x2·cos + x1·sin`` per pair, computed in fp32 from fp32 or bf16 storage (bf16 is
+widened exactly, rounded back to nearest even). Eager PyTorch cannot fuse this for
+half-split pairs (no complex view exists for pairs ``d/2`` apart): it takes three passes,
+about half the speed of a copy. This module runs it as one loop in C, at memory speed.
+
+The C source below is compiled once per machine with the system C compiler (``$CC``,
+``cc``, ``gcc`` or ``clang``) into ``$LEYLINE_CACHE_DIR/kernels`` (default
+``~/.cache/leyline/kernels``), keyed by a hash of the source, flags and compiler, and
+loaded with ``ctypes`` (which releases the GIL during the call). Rows are split over
+``torch.get_num_threads()`` OpenMP threads: the library links ``libgomp.so.1``, which
+resolves to the copy torch already loaded, so it shares torch's warm thread pool (a
+fork-join costs what any torch op pays; a compiler without OpenMP gives a one-thread
+build). Without a compiler, on a failed build,
+or with ``LEYLINE_ROPE_KERNEL=0``, :func:`load` returns None and ``rope`` keeps its eager
+path; :func:`status` says why.
+
+Both arithmetic orders the eager path can take are available (``fused``): ``x1·c`` rounded
+then one fused multiply-add for the cross term (what ``torch.addcmul`` does on AVX2/NEON), or
+every product rounded (torch's complex multiply). ``rope`` picks, per pairing and width,
+the order that reproduces its eager rotation bitwise (see ``rope._kernel_mode``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+MAX_HALF = 512
+"""Widest band the kernel takes: 1024 dims (rows are staged on the stack in bf16)."""
+_MIN_BYTES_PER_THREAD = 1 << 18
+_ENV_SWITCH = "LEYLINE_ROPE_KERNEL"
+
+_SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LL_MAX_HALF 512
+#define LL_MAX_THREADS 256
+
+/* One band: 11 int64 (src address, dst address, 3 sizes, 3 src strides, 3 dst strides;
+   strides in elements, outermost first). */
+typedef struct {
+    const void *src;
+    void *dst;
+    int64_t size[3];
+    int64_t src_stride[3];
+    int64_t dst_stride[3];
+} ll_band;
+
+#define LL_DESC 11
+
+typedef struct ll_task ll_task;
+typedef void (*ll_rows_fn)(const ll_task *t, const ll_band *b, int64_t lo, int64_t hi);
+
+struct ll_task {
+    const ll_band *bands;
+    int64_t nbands;
+    const float *cos;
+    const float *sin;
+    int32_t half;
+    ll_rows_fn rows;
+    int64_t begin;
+    int64_t end;
+};
+
+/* bf16 <-> fp32: widening is exact; narrowing rounds to nearest even, as torch does (a NaN
+   stays a NaN). */
+static inline float ll_widen(uint16_t v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t ll_narrow(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    return f != f ? (uint16_t)0x7FC0u : (uint16_t)r;
+}
+
+#define LL_LOAD_f32(p, i) ((p)[i])
+#define LL_STORE_f32(p, i, v) ((p)[i] = (v))
+#define LL_LOAD_bf16(p, i) ll_widen((p)[i])
+#define LL_STORE_bf16(p, i, v) ((p)[i] = ll_narrow(v))
+typedef float ll_f32;
+typedef uint16_t ll_bf16;
+
+/* Pair members: half-split (i, i + h), interleaved (2i, 2i + 1). */
+#define LL_A_half(i, h) (i)
+#define LL_B_half(i, h) ((i) + (h))
+#define LL_A_inter(i, h) (2 * (i))
+#define LL_B_inter(i, h) (2 * (i) + 1)
+
+/* Rounding orders: "fused" rounds x1*c, then one fma adds the cross term (torch's addcmul
+   on AVX2/NEON); "plain" rounds every product (torch's complex multiply). */
+#define LL_Y1_fused(x1, x2, c, s) fmaf(-(x2), (s), (x1) * (c))
+#define LL_Y2_fused(x1, x2, c, s) fmaf((x1), (s), (x2) * (c))
+#define LL_Y1_plain(x1, x2, c, s) ((x1) * (c) - (x2) * (s))
+#define LL_Y2_plain(x1, x2, c, s) ((x2) * (c) + (x1) * (s))
+
+/* One row, inlined into a loop over rows; a constant h unrolls it. */
+#define LL_DEFINE(PAIR, ORDER, T)                                                            \
+    static inline void ll_row_##PAIR##_##ORDER##_##T(const ll_##T *restrict x,             \
+                                                     ll_##T *restrict y,                   \
+                                                     const float *restrict c,              \
+                                                     const float *restrict s, int32_t h) { \
+        for (int32_t i = 0; i < h; i++) {                                                  \
+            float x1 = LL_LOAD_##T(x, LL_A_##PAIR(i, h));                                  \
+            float x2 = LL_LOAD_##T(x, LL_B_##PAIR(i, h));                                  \
+            float y1 = LL_Y1_##ORDER(x1, x2, c[i], s[i]);                                  \
+            float y2 = LL_Y2_##ORDER(x1, x2, c[i], s[i]);                                  \
+            LL_STORE_##T(y, LL_A_##PAIR(i, h), y1);                                        \
+            LL_STORE_##T(y, LL_B_##PAIR(i, h), y2);                                        \
+        }                                                                                  \
+    }                                                                                      \
+    static void ll_rows_##PAIR##_##ORDER##_##T(const ll_task *t, const ll_band *b,         \
+                                               int64_t lo, int64_t hi) {                   \
+        const int64_t n1 = b->size[1], n2 = b->size[2];                                    \
+        int64_t i2 = lo % n2, i1 = (lo / n2) % n1, i0 = lo / (n2 * n1);                    \
+        const ll_##T *src = (const ll_##T *)b->src;                                         \
+        ll_##T *dst = (ll_##T *)b->dst;                                                     \
+        const float *c = t->cos, *s = t->sin;                                               \
+        const int32_t h = t->half;                                                          \
+        for (int64_t r = lo; r < hi; r++) {                                                 \
+            const ll_##T *x = src + i0 * b->src_stride[0] + i1 * b->src_stride[1] +         \
+                              i2 * b->src_stride[2];                                        \
+            ll_##T *y = dst + i0 * b->dst_stride[0] + i1 * b->dst_stride[1] +               \
+                        i2 * b->dst_stride[2];                                              \
+            if (h == 32)                                                                    \
+                ll_row_##PAIR##_##ORDER##_##T(x, y, c, s, 32);                              \
+            else if (h == 64)                                                               \
+                ll_row_##PAIR##_##ORDER##_##T(x, y, c, s, 64);                              \
+            else                                                                            \
+                ll_row_##PAIR##_##ORDER##_##T(x, y, c, s, h);                               \
+            if (++i2 == n2) {                                                               \
+                i2 = 0;                                                                     \
+                if (++i1 == n1) {                                                           \
+                    i1 = 0;                                                                 \
+                    ++i0;                                                                   \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+    }
+
+LL_DEFINE(half, fused, f32)
+LL_DEFINE(half, plain, f32)
+LL_DEFINE(inter, fused, f32)
+LL_DEFINE(inter, plain, f32)
+LL_DEFINE(half, fused, bf16)
+LL_DEFINE(half, plain, bf16)
+LL_DEFINE(inter, fused, bf16)
+LL_DEFINE(inter, plain, bf16)
+
+/* Interleaved bf16, pairs 4-byte aligned: one uint32 holds a pair, widened by a shift and a
+   mask and put back together without any packing across lanes. Otherwise: the above. */
+#define LL_DEFINE_PAIRS(ORDER)                                                               \
+    static inline void ll_pairs_##ORDER(const uint32_t *restrict x, uint32_t *restrict y,   \
+                                        const float *restrict c, const float *restrict s,   \
+                                        int32_t h) {                                        \
+        for (int32_t i = 0; i < h; i++) {                                                   \
+            uint32_t u1 = x[i] << 16, u2 = x[i] & 0xFFFF0000u;                              \
+            float x1, x2;                                                                   \
+            memcpy(&x1, &u1, sizeof x1);                                                    \
+            memcpy(&x2, &u2, sizeof x2);                                                    \
+            float y1 = LL_Y1_##ORDER(x1, x2, c[i], s[i]);                                   \
+            float y2 = LL_Y2_##ORDER(x1, x2, c[i], s[i]);                                   \
+            y[i] = (uint32_t)ll_narrow(y1) | ((uint32_t)ll_narrow(y2) << 16);               \
+        }                                                                                   \
+    }                                                                                       \
+    static void ll_rows_inter_##ORDER##_bf16p(const ll_task *t, const ll_band *b,          \
+                                              int64_t lo, int64_t hi) {                     \
+        int aligned = (uintptr_t)b->src % 4 == 0 && (uintptr_t)b->dst % 4 == 0;             \
+        for (int d = 0; d < 3; d++)                                                         \
+            aligned = aligned && b->src_stride[d] % 2 == 0 && b->dst_stride[d] % 2 == 0;    \
+        if (!aligned) {                                                                     \
+            ll_rows_inter_##ORDER##_bf16(t, b, lo, hi);                                     \
+            return;                                                                         \
+        }                                                                                   \
+        const int64_t n1 = b->size[1], n2 = b->size[2];                                     \
+        int64_t i2 = lo % n2, i1 = (lo / n2) % n1, i0 = lo / (n2 * n1);                     \
+        const uint16_t *src = (const uint16_t *)b->src;                                     \
+        uint16_t *dst = (uint16_t *)b->dst;                                                 \
+        const float *c = t->cos, *s = t->sin;                                               \
+        const int32_t h = t->half;                                                          \
+        for (int64_t r = lo; r < hi; r++) {                                                 \
+            const uint32_t *x = (const uint32_t *)(src + i0 * b->src_stride[0] +            \
+                                                   i1 * b->src_stride[1] +                  \
+                                                   i2 * b->src_stride[2]);                  \
+            uint32_t *y = (uint32_t *)(dst + i0 * b->dst_stride[0] + i1 * b->dst_stride[1] + \
+                                       i2 * b->dst_stride[2]);                              \
+            if (h == 32)                                                                    \
+                ll_pairs_##ORDER(x, y, c, s, 32);                                           \
+            else                                                                            \
+                ll_pairs_##ORDER(x, y, c, s, h);                                            \
+            if (++i2 == n2) {                                                               \
+                i2 = 0;                                                                     \
+                if (++i1 == n1) {                                                           \
+                    i1 = 0;                                                                 \
+                    ++i0;                                                                   \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+    }
+
+LL_DEFINE_PAIRS(fused)
+LL_DEFINE_PAIRS(plain)
+
+static void run_task(const ll_task *t) {
+    int64_t base = 0;
+    for (int64_t k = 0; k < t->nbands && base < t->end; k++) {
+        const ll_band *b = &t->bands[k];
+        int64_t rows = b->size[0] * b->size[1] * b->size[2];
+        int64_t lo = t->begin > base ? t->begin - base : 0;
+        int64_t hi = t->end - base < rows ? t->end - base : rows;
+        if (lo < hi) t->rows(t, b, lo, hi);
+        base += rows;
+    }
+}
+
+/* dst band <- src band rotated, for every row of every band, over `threads` threads.
+   Returns 0, or -1 on bad arguments (nothing written). */
+int leyline_rope_rotate(const int64_t *desc, int64_t nbands, const float *cos,
+                        const float *sin, int32_t half, int32_t bf16, int32_t interleaved,
+                        int32_t fused, int32_t threads) {
+    enum { LL_MAX_BANDS = 256 };
+    ll_band bands[LL_MAX_BANDS];
+    if (half <= 0 || half > LL_MAX_HALF || nbands < 0 || nbands > LL_MAX_BANDS) return -1;
+    int64_t total = 0;
+    for (int64_t k = 0; k < nbands; k++) {
+        const int64_t *d = desc + k * LL_DESC;
+        bands[k].src = (const void *)(intptr_t)d[0];
+        bands[k].dst = (void *)(intptr_t)d[1];
+        for (int j = 0; j < 3; j++) {
+            bands[k].size[j] = d[2 + j];
+            bands[k].src_stride[j] = d[5 + j];
+            bands[k].dst_stride[j] = d[8 + j];
+            if (d[2 + j] <= 0) return -1;
+        }
+        total += bands[k].size[0] * bands[k].size[1] * bands[k].size[2];
+    }
+    if (total == 0) return 0;
+    static const ll_rows_fn table[2][2][2] = {
+        {{ll_rows_half_plain_f32, ll_rows_half_fused_f32},
+         {ll_rows_inter_plain_f32, ll_rows_inter_fused_f32}},
+        {{ll_rows_half_plain_bf16, ll_rows_half_fused_bf16},
+         {ll_rows_inter_plain_bf16p, ll_rows_inter_fused_bf16p}}};
+    ll_rows_fn rows = table[bf16 != 0][interleaved != 0][fused != 0];
+    if (threads < 1) threads = 1;
+    if (threads > LL_MAX_THREADS) threads = LL_MAX_THREADS;
+    /* Rows in chunks of about 64 KiB, handed out dynamically: a thread the OS runs late
+       (a busy machine) just takes fewer chunks instead of holding the others up. */
+    int64_t row_bytes = (int64_t)2 * half * (bf16 ? 2 : 4);
+    int64_t chunk = (int64_t)65536 / row_bytes > 0 ? (int64_t)65536 / row_bytes : 1;
+    int64_t nchunks = (total + chunk - 1) / chunk;
+    if (threads > nchunks) threads = (int32_t)nchunks;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (int64_t k = 0; k < nchunks; k++) {
+        int64_t begin = k * chunk, end = begin + chunk < total ? begin + chunk : total;
+        ll_task t = {bands, nbands, cos, sin, half, rows, begin, end};
+        run_task(&t);
+    }
+    return 0;
+}
+"""
+
+
+MAX_BANDS = 256
+"""Most bands one call takes."""
+
+Band = tuple[int, ...]
+"""What the kernel reads for one band, 11 ints: src and dst addresses, then 3 row-dim
+sizes, their src strides and their dst strides (elements, outermost first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KernelStatus:
+    """Whether the fused kernel is in use, and if not, why."""
+
+    available: bool
+    detail: str
+    """The shared library's path, or the reason it is not used."""
+
+
+class RopeKernel:
+    """The loaded shared library."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path, *, threaded: bool) -> None:
+        self.path = path
+        self.threaded = threaded
+        """Built with OpenMP: calls split their rows over ``torch.get_num_threads()``."""
+        fn = lib.leyline_rope_rotate
+        fn.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            *(ctypes.c_int32,) * 5,
+        ]
+        fn.restype = ctypes.c_int32
+        self._fn = fn
+
+    def run(
+        self,
+        bands: Sequence[Band],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *,
+        bf16: bool,
+        interleaved: bool,
+        fused: bool,
+        nbytes: int,
+    ) -> None:
+        """Rotate every band (from :func:`describe`; all of one dtype and width) in one
+        call, split over up to ``torch.get_num_threads()`` threads by ``nbytes`` of work.
+        ``cos``/``sin``: contiguous fp32 CPU tensors, one value per pair."""
+        if not bands:
+            return
+        half = cos.numel()
+        for t in (cos, sin):
+            if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != half:
+                raise ValueError("cos/sin must be contiguous fp32, one value per pair")
+            if t.device.type != "cpu":
+                raise ValueError("cos/sin must be on the CPU")
+        if len(bands) > MAX_BANDS:
+            raise ValueError(f"at most {MAX_BANDS} bands per call")
+        desc = (ctypes.c_int64 * (11 * len(bands)))(*(v for band in bands for v in band))
+        threads = max(1, min(torch.get_num_threads(), nbytes // _MIN_BYTES_PER_THREAD))
+        rc = self._fn(
+            desc,
+            len(bands),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            half,
+            int(bf16),
+            int(interleaved),
+            int(fused),
+            threads,
+        )
+        if rc != 0:
+            raise ValueError(f"rope kernel refused its arguments (rc={rc})")
+
+    def rotate(
+        self,
+        pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *,
+        interleaved: bool,
+        fused: bool,
+    ) -> None:
+        """``dst <- src`` rotated for each ``(dst, src)`` band (all of one dtype, width
+        ``2·len(cos)``); raises ``ValueError`` for a band :func:`describe` refuses."""
+        bands: list[Band] = []
+        for dst, src in pairs:
+            band = describe(dst, src)
+            if band is None or src.shape[-1] != 2 * cos.numel() or src.dtype != pairs[0][1].dtype:
+                raise ValueError("band not eligible for the fused rotation")
+            bands.append(band)
+        self.run(
+            bands,
+            cos,
+            sin,
+            bf16=bool(pairs) and pairs[0][1].dtype == torch.bfloat16,
+            interleaved=interleaved,
+            fused=fused,
+            nbytes=sum(src.numel() * src.element_size() for _, src in pairs),
+        )
+
+
+def _outer(
+    shape: Sequence[int], src_strides: Sequence[int], dst_strides: Sequence[int]
+) -> list[int] | None:
+    """The row dims (all but the last) as 3 sizes, 3 src strides, 3 dst strides, outermost
+    first: size-1 dims dropped, adjacent dims merged where both strides allow, padded with
+    size-1 dims; None when more than 3 remain."""
+    sizes: list[int] = []
+    ss: list[int] = []
+    ds: list[int] = []
+    for i in range(len(shape) - 1):
+        n = shape[i]
+        if n == 1:
+            continue
+        if sizes and ss[-1] == n * src_strides[i] and ds[-1] == n * dst_strides[i]:
+            sizes[-1] *= n
+            ss[-1], ds[-1] = src_strides[i], dst_strides[i]
+        else:
+            sizes.append(n)
+            ss.append(src_strides[i])
+            ds.append(dst_strides[i])
+    pad = 3 - len(sizes)
+    if pad < 0:
+        return None
+    return [1] * pad + sizes + [0] * pad + ss + [0] * pad + ds
+
+
+def describe(dst: torch.Tensor, src: torch.Tensor) -> Band | None:
+    """The kernel's description of rotating ``src``'s band into ``dst``'s, or None when the
+    kernel cannot: it needs the same shape, CPU, fp32 or bf16 (both the same), unit stride
+    on the last dim (an even width of at most ``2·MAX_HALF``), at most 3 row dims once
+    merged, and separate storages (it never rotates in place)."""
+    shape = src.shape
+    if (
+        not src.is_cpu
+        or not dst.is_cpu
+        or src.dtype not in (torch.float32, torch.bfloat16)
+        or dst.dtype != src.dtype
+        or dst.shape != shape
+        or len(shape) == 0
+        or shape[-1] % 2
+        or not 0 < shape[-1] <= 2 * MAX_HALF
+        or src.numel() == 0
+    ):
+        return None
+    s_st, d_st = src.stride(), dst.stride()
+    if s_st[-1] != 1 or d_st[-1] != 1:
+        return None
+    if src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
+        return None
+    outer = _outer(shape, s_st, d_st)
+    if outer is None:
+        return None
+    return (src.data_ptr(), dst.data_ptr(), *outer)
+
+
+def _cache_dir() -> Path:
+    """``$LEYLINE_CACHE_DIR/kernels`` (else ``$XDG_CACHE_HOME/leyline``, ``~/.cache/leyline``),
+    the same root as the model copies (``models.local_copy.cache_root``)."""
+    explicit = os.environ.get("LEYLINE_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser() / "kernels"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "leyline" / "kernels"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _flags(openmp: bool) -> list[str]:
+    flags = ["-O3", "-std=c11", "-shared", "-fPIC", "-ffp-contract=off", "-fno-strict-aliasing"]
+    if openmp:
+        flags.append("-fopenmp")
+    capability = torch.backends.cpu.get_cpu_capability()
+    if platform.machine() in ("x86_64", "AMD64") and capability in ("AVX2", "AVX512"):
+        flags += ["-mavx2", "-mfma"]  # what torch's own kernels use on this CPU
+    return flags
+
+
+def _build(cc: str, flags: list[str], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        source = Path(tmp) / "rope_kernel.c"
+        source.write_text(_SOURCE)
+        built = Path(tmp) / target.name
+        subprocess.run(
+            [cc, *flags, str(source), "-o", str(built), "-lm"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        os.replace(built, target)  # atomic: a concurrent loader sees all of it or nothing
+
+
+_lock = threading.Lock()
+_loaded: RopeKernel | None = None
+_status: KernelStatus | None = None
+
+
+def _load_variant(cc: str, version: str, openmp: bool) -> RopeKernel:
+    flags = _flags(openmp)
+    key = "\0".join([_SOURCE, cc, version, *flags, platform.machine()])
+    target = _cache_dir() / f"rope_kernel-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    if not target.exists():
+        _build(cc, flags, target)
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError:  # a damaged cached copy: build it again, once
+        _build(cc, flags, target)
+        lib = ctypes.CDLL(str(target))
+    return RopeKernel(lib, target, threaded=openmp)
+
+
+def _load_uncached() -> tuple[RopeKernel | None, KernelStatus]:
+    if os.environ.get(_ENV_SWITCH, "1").strip().lower() in ("0", "off", "false", "no"):
+        return None, KernelStatus(False, f"disabled by {_ENV_SWITCH}")
+    cc = _compiler()
+    if cc is None:
+        return None, KernelStatus(False, "no C compiler found ($CC, cc, gcc, clang)")
+    try:
+        version = subprocess.run(
+            [cc, "--version"], check=True, capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, KernelStatus(False, f"{cc} --version failed: {exc}")
+    failures = []
+    for openmp in (True, False):  # without OpenMP (e.g. clang lacking libomp): one thread
+        try:
+            kernel = _load_variant(cc, version, openmp)
+        except subprocess.CalledProcessError as exc:
+            err = exc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+            failures.append(f"build failed: {err[0]}")
+        except (OSError, subprocess.SubprocessError, AttributeError) as exc:
+            failures.append(f"build or load failed: {exc}")
+        else:
+            threads = "OpenMP threads" if openmp else "one thread (no OpenMP)"
+            return kernel, KernelStatus(True, f"{kernel.path} ({threads})")
+    return None, KernelStatus(False, "; ".join(failures))
+
+
+def load() -> RopeKernel | None:
+    """The kernel, compiled and loaded on first use (once per process); None if unusable."""
+    global _loaded, _status
+    if _status is None:
+        with _lock:
+            if _status is None:
+                _loaded, _status = _load_uncached()
+    return _loaded
+
+
+def status() -> KernelStatus:
+    """Whether :func:`load` found a kernel, and the library's path or the reason."""
+    load()
+    assert _status is not None
+    return _status
