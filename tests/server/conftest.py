@@ -8,7 +8,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -38,30 +40,13 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@contextmanager
+def serve(log: Path, *options: str) -> Iterator[Server]:
+    """``leyline serve`` with ``options`` on a free port, its output in ``log``; stopped on
+    exit. Raises if it exits or does not answer ``/health`` within 5 minutes."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "serve.log"
-    command = [
-        sys.executable,
-        "-m",
-        "leyline.cli.main",
-        "serve",
-        "--port",
-        str(port),
-        "--api-key",
-        API_KEY,
-        "--max-new-tokens",
-        "8",
-        "--max-directives",
-        str(MAX_DIRECTIVES),
-        "--max-body-bytes",
-        str(MAX_BODY),
-        "--max-sessions",
-        "48",
-        "--log-level",
-        "warning",
-    ]
+    command = [sys.executable, "-m", "leyline.cli.main", "serve", "--port", str(port)]
+    command += ["--api-key", API_KEY, *options]
     with log.open("wb") as sink:
         process = subprocess.Popen(
             command,
@@ -71,21 +56,31 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"leyline serve exited early:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"leyline serve did not come up:\n{log.read_text()}")
-        time.sleep(0.5)
-    yield Server(base, process)
-    process.terminate()
     try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"leyline serve exited early:\n{log.read_text()}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"leyline serve did not come up:\n{log.read_text()}")
+            time.sleep(0.5)
+        yield Server(base, process)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("server") / "serve.log"
+    options = ["--max-new-tokens", "8", "--max-directives", str(MAX_DIRECTIVES)]
+    options += ["--max-body-bytes", str(MAX_BODY), "--max-sessions", "48"]
+    with serve(log, *options, "--log-level", "warning") as running:
+        yield running

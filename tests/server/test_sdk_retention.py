@@ -9,21 +9,16 @@ directives and the server's marks, drops and cache edits are real.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from leyline.policies import EstimateCounter, LeylineOpenAI, PinnedSpanError
 
-from .conftest import API_KEY, Server, _free_port
+from .conftest import API_KEY, Server, serve
 from .test_sdk_wrapper import ask, opening, output
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
@@ -34,50 +29,10 @@ def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A second server with a 12 MiB cache budget (SmolLM2 keeps ~45 KB of KV a token on
     CPU): the opening of a conversation fits, two tool turns do not, so the server drops
     decay spans after the second request, and evicts only sessions without a timed pin."""
-    port = _free_port()
     log = tmp_path_factory.mktemp("tight") / "serve.log"
-    command = [
-        sys.executable,
-        "-m",
-        "leyline.cli.main",
-        "serve",
-        "--port",
-        str(port),
-        "--api-key",
-        API_KEY,
-        "--max-new-tokens",
-        "4",
-        "--max-cache-gib",
-        str(12 / 1024),
-        "--prefix-cache-gib",
-        "0",
-        "--log-level",
-        "warning",
-    ]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ}
-        )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"leyline serve exited early:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"leyline serve did not come up:\n{log.read_text()}")
-        time.sleep(0.5)
-    yield Server(base, process)
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    options = ["--max-new-tokens", "4", "--max-cache-gib", str(12 / 1024)]
+    with serve(log, *options, "--prefix-cache-gib", "0", "--log-level", "warning") as running:
+        yield running
 
 
 def wrapped(server: Server, policy: str) -> LeylineOpenAI:
