@@ -59,10 +59,16 @@ CASES: list[tuple[str, Any, int, str]] = [
         "invalid_directive",
     ),
     (
-        "unsupported verb",
-        lambda r, n: apply_body(r, [{"verb": "pin", "span": {"start": 0, "end": 1}}]),
-        501,
-        "unsupported_verb",
+        "pin with a negative ttl",
+        lambda r, n: apply_body(r, [{"verb": "pin", "span": {"start": 0, "end": 1}, "ttl_s": -1}]),
+        422,
+        "invalid_directive",
+    ),
+    (
+        "pin in a batch that fails later",
+        lambda r, n: apply_body(r, [{"verb": "pin", "span": {"start": 0, "end": 1}}, splice(5, 2)]),
+        422,
+        "invalid_span",
     ),
     (
         "too many directives",
