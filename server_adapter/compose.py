@@ -268,6 +268,7 @@ def _run_sourced(
         runs,
         template=template,
         want_logits=want_logits,
+        forward_at=engine.one_pass_forward,
     )
     total = len(result.tokens)
     if rerun and exact >= total - 1:

@@ -61,6 +61,7 @@ def run_edits(
         result,
         old_exact_length=state.exact_length,
         want_logits=want_logits,
+        forward_at=engine.one_pass_forward,
     )
     new = SessionState(
         result.tokens, outcome.kv, outcome.logits, revision, (), outcome.exact_length

@@ -15,12 +15,14 @@ from transformers import PreTrainedModel
 from leyline.protocol.capabilities import Limits
 from leyline.protocol.errors import ErrorCode, LeylineError
 
+from .attention import use_grouped_sdpa
 from .errors import SpliceUnsupportedError
-from .forward import DEFAULT_PREFILL_CHUNK, KVBuffers, forward_into, forward_tokens
+from .forward import DEFAULT_PREFILL_CHUNK, KVBuffers, forward_at, forward_into, forward_tokens
 from .kv_blocks import KVCache
 from .layouts import CacheLayout, detect_layout
 from .models import LoadedModel, load_model
 from .prefix_cache import PrefixCache
+from .run_executor import ForwardAt
 from .rope import RopeSpec, rope_spec
 
 
@@ -43,6 +45,7 @@ class Engine:
         self.loaded = loaded
         # transformers' PreTrainedModel.eval() is unannotated (it returns the model itself).
         self.model: PreTrainedModel = loaded.model.eval()  # type: ignore[no-untyped-call]
+        use_grouped_sdpa(self.model)  # grouped heads read in place: see ``attention``
         self.tokenizer = loaded.tokenizer
         self.prefix_cache = prefix_cache
         self.prefill_chunk = prefill_chunk
@@ -51,6 +54,9 @@ class Engine:
         self.rope: RopeSpec | None = None
         self.layout: CacheLayout | None = None
         self.splice_refusal: SpliceUnsupportedError | None = None
+        self.one_pass = True
+        """Splices run every recomputed token (the last one's again included) in one masked
+        pass over the weights (``forward_at``); False runs them run by run (benchmarks)."""
         try:
             self.rope = rope_spec(self.model)
             self.layout = detect_layout(self.model, self.rope)
@@ -64,13 +70,16 @@ class Engine:
         *,
         prefix_cache_bytes: int = 0,
         block_size: int = 16,
+        dtype: torch.dtype = torch.float32,
         **kwargs: object,
     ) -> Engine:
-        """Load ``source`` (see ``load_model``) with an optional shared prefix cache."""
+        """Load ``source`` (see ``load_model``) in ``dtype`` (weights and cache) with an
+        optional shared prefix cache."""
         cache = None
         if prefix_cache_bytes:
             cache = PrefixCache(prefix_cache_bytes, block_size=block_size)
-        return cls(load_model(source), prefix_cache=cache, **kwargs)  # type: ignore[arg-type]
+        loaded = load_model(source, dtype=dtype)
+        return cls(loaded, prefix_cache=cache, **kwargs)  # type: ignore[arg-type]
 
     # -- model access ----------------------------------------------------------------
 
@@ -85,6 +94,18 @@ class Engine:
     def forward_into(self, buffers: KVBuffers, length: int, tokens: Sequence[int]) -> torch.Tensor:
         """Prefill ``tokens`` in place after the first ``length`` buffered positions."""
         return forward_into(self.model, buffers, length, tokens, chunk=self.prefill_chunk)
+
+    def forward_at(
+        self, buffers: KVBuffers, positions: Sequence[int], tokens: Sequence[int], total: int
+    ) -> torch.Tensor:
+        """Run ``tokens`` at scattered ``positions`` of buffers filled elsewhere up to
+        ``total``, in one pass over the weights (``forward.forward_at``)."""
+        return forward_at(self.model, buffers, positions, tokens, total, chunk=self.prefill_chunk)
+
+    @property
+    def one_pass_forward(self) -> ForwardAt | None:
+        """``forward_at`` for splices when ``one_pass`` is on (see ``run_executor``)."""
+        return self.forward_at if self.one_pass else None
 
     def encode(self, text: str) -> tuple[int, ...]:
         """Text to token ids, no special tokens added (the one tokenizer path)."""

@@ -13,6 +13,7 @@ unchanged.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -115,6 +116,81 @@ def forward_into(
         logits = out.logits[0, -1]
     if not buffers:
         buffers.extend(layer.slots for layer in cache.layers)  # type: ignore[union-attr]
+    assert logits is not None
+    return logits.float()
+
+
+class PlacedLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # unannotated __init_subclass__
+    """A cache layer over buffers already holding every position up to ``total``: ``update``
+    writes the new entries at ``index`` (any positions, in place) and hands the model all
+    ``total`` positions; the attention mask says which of them each query sees."""
+
+    def __init__(self, slots: list[torch.Tensor], index: torch.Tensor, total: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # transformers' is unannotated
+        self.slots, self.index = slots, index
+        self.is_initialized, self.device = True, slots[0].device
+        keys, values = (t[..., :total, :] for t in slots)
+        self.keys, self.values, self.whole = keys, values, (keys, values)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        for slot, new in zip(self.slots, (key_states, value_states), strict=True):
+            slot.index_copy_(slot.dim() - 2, self.index, new.to(slot.dtype))
+        return self.whole
+
+
+def causal_mask_at(
+    positions: torch.Tensor, total: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Additive mask ``[1, 1, len(positions), total]``: a query at position p sees every
+    buffered position up to p (transformers passes a 4D mask through as it is)."""
+    keys = torch.arange(total, device=device)
+    hidden = keys.unsqueeze(0) > positions.unsqueeze(1)
+    mask = torch.zeros(hidden.shape, dtype=dtype, device=device)
+    mask.masked_fill_(hidden, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+@torch.no_grad()
+def forward_at(
+    model: PreTrainedModel,
+    buffers: KVBuffers,
+    positions: Sequence[int],
+    tokens: Sequence[int],
+    total: int,
+    *,
+    chunk: int = DEFAULT_PREFILL_CHUNK,
+) -> torch.Tensor:
+    """Run ``tokens`` at ``positions`` (strictly increasing, any gaps) of buffers that hold
+    the other positions of ``[0, total)`` already; their KV is written in place. Each token
+    attends to every position up to its own, exactly as if the sequence had been prefilled
+    in order, so runs scattered over a spliced sequence (a replacement and the last token,
+    say) cost one pass over the weights instead of one each. Returns the last token's fp32
+    next-token logits.
+    """
+    if not tokens or len(tokens) != len(positions):
+        raise ValueError(f"{len(tokens)} tokens for {len(positions)} positions")
+    if any(b <= a for a, b in itertools.pairwise(positions)) or positions[-1] >= total:
+        raise ValueError(f"positions must increase and stay below {total}")
+    device = model.device
+    dtype = buffers[0][0].dtype
+    logits: torch.Tensor | None = None
+    for lo in range(0, len(tokens), chunk):
+        pos = torch.tensor(list(positions[lo : lo + chunk]), dtype=torch.long, device=device)
+        ids = torch.tensor([list(tokens[lo : lo + chunk])], dtype=torch.long, device=device)
+        cache = DynamicCache()
+        cache.layers.extend(PlacedLayer(slots, pos, total) for slots in buffers)
+        mask = causal_mask_at(pos, total, dtype, device)
+        out = model(
+            input_ids=ids,
+            position_ids=pos.unsqueeze(0),
+            attention_mask=mask,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        logits = out.logits[0, -1]
     assert logits is not None
     return logits.float()
 

@@ -37,6 +37,11 @@ ForwardInto = Callable[[KVBuffers, int, Sequence[int]], torch.Tensor]
 """Prefill tokens after the first ``length`` buffered positions, in place; return the
 next-token logits (``Engine.forward_into``)."""
 
+ForwardAt = Callable[[KVBuffers, Sequence[int], Sequence[int], int], torch.Tensor]
+"""Run tokens at scattered positions of buffers filled elsewhere up to a total length, each
+seeing every position up to its own, in one pass over the weights; return the last token's
+next-token logits (``Engine.forward_at``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class SpliceOutcome:
@@ -130,6 +135,7 @@ def fill_runs(
     *,
     template: KVCache,
     want_logits: bool = False,
+    forward_at: ForwardAt | None = None,
 ) -> tuple[KVCache, torch.Tensor | None, bool]:
     """The KV of ``tokens``, built run by run into one new buffer per layer and slot.
 
@@ -137,16 +143,27 @@ def fill_runs(
     next-token logits when known, and whether the last token was run again for them
     (``want_logits`` with a sequence ending in a kept run: one decode step in the new
     buffer, no copy). Sources are only read.
+
+    With ``forward_at`` and no refiner, every kept run is placed first and everything else
+    (prefilled runs, the last token run again) goes through the model in one masked pass:
+    the weights stream once per splice instead of once per run (see :func:`fused_plan`).
     """
     total = len(tokens)
     buffers = new_buffers(template, total)
+    fused = fused_plan(runs, total, want_logits) if forward_at is not None else None
+    if fused is not None and forward_at is not None:
+        positions, rerun = fused
+        for sourced in runs:
+            if sourced.run.kind == "kept":
+                _place(buffers, _source(sourced), sourced.run, layout, rope)
+        ends_prefilled = runs[-1].run.kind != "kept"
+        out = forward_at(buffers, positions, [tokens[p] for p in positions], total)
+        return filled(buffers, total), out if ends_prefilled or rerun else None, rerun
     logits: torch.Tensor | None = None
     for sourced in runs:
         run = sourced.run
         if run.kind == "kept":
-            if sourced.source is None:
-                raise ValueError(f"kept run {run} names no source KV")
-            _place(buffers, sourced.source, run, layout, rope)
+            _place(buffers, _source(sourced), run, layout, rope)
             if sourced.refine is not None:
                 sourced.refine(buffers, tokens, run)
             logits = None  # the run's last token may be copied KV: the last-token rule
@@ -158,6 +175,31 @@ def fill_runs(
     return filled(buffers, total), logits, rerun
 
 
+def _source(sourced: SourcedRun) -> KVCache:
+    if sourced.source is None:
+        raise ValueError(f"kept run {sourced.run} names no source KV")
+    return sourced.source
+
+
+def fused_plan(
+    runs: Sequence[SourcedRun], total: int, want_logits: bool
+) -> tuple[list[int], bool] | None:
+    """The positions one masked pass computes (every prefilled run's, and the last token's
+    when it must be run again for logits), and whether it is run again; None when the runs
+    need the sequential loop: a refiner reads its run in context once placed, and a single
+    prefilled run at the end is already one pass."""
+    if not runs or total == 0 or any(r.refine is not None for r in runs):
+        return None
+    positions = [
+        p for r in runs if r.run.kind != "kept" for p in range(r.run.new_start, r.run.new_end)
+    ]
+    rerun = want_logits and runs[-1].run.kind == "kept"
+    if rerun:
+        positions.append(total - 1)
+    passes = sum(r.run.kind != "kept" for r in runs) + rerun
+    return (positions, rerun) if passes > 1 else None
+
+
 def execute_edit(
     forward_into: ForwardInto,
     layout: CacheLayout | None,
@@ -167,6 +209,7 @@ def execute_edit(
     *,
     old_exact_length: int,
     want_logits: bool = False,
+    forward_at: ForwardAt | None = None,
 ) -> SpliceOutcome:
     """Build the KV of ``result.tokens`` from ``kv`` (the KV of the base sequence).
 
@@ -175,6 +218,7 @@ def execute_edit(
 
     ``want_logits``: when the new sequence ends in a kept run, run its last token again in
     the new context (in the new buffer, no copy) so that next-token logits come back too.
+    ``forward_at``: run every prefilled run and that last token in one pass (``fill_runs``).
     """
     if kv_length(kv) != result.position_map.old_length:
         raise ValueError(
@@ -183,8 +227,9 @@ def execute_edit(
         )
     runs = [SourcedRun(run, kv if run.kind == "kept" else None) for run in result.runs]
     new_kv, logits, rerun = fill_runs(
-        forward_into, layout, rope, result.tokens, runs, template=kv, want_logits=want_logits
-    )
+        forward_into, layout, rope, result.tokens, runs, template=kv, want_logits=want_logits,
+        forward_at=forward_at,
+    )  # fmt: skip
     exact = _exact_length(result.runs, result.first_change, old_exact_length)
     if rerun and exact >= len(result.tokens) - 1:
         exact = len(result.tokens)

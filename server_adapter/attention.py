@@ -1,0 +1,69 @@
+"""Scaled-dot-product attention that reads grouped key/value heads in place.
+
+transformers' ``sdpa`` attention expands the key/value heads of a grouped-query model to
+one per query head (``repeat_kv``) whenever a mask is passed with more than one query,
+i.e. on every prefill chunk after the first, every splice's replacement and every masked
+pass (``forward.forward_at``): at 4k tokens on SmolLM2 that copies about 19 MB per layer
+per pass. ``torch``'s SDPA takes the grouped heads directly (``enable_gqa``) with or
+without a mask, bitwise equal on CPU and about 5x faster at that size. The engine
+registers this function under :data:`NAME` and selects it for models loaded with ``sdpa``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+NAME = "leyline_sdpa"
+
+
+def grouped_sdpa_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """The ``sdpa`` attention function's contract, without expanding grouped heads."""
+    if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
+        raise ValueError(f"{NAME} supports neither softcap nor a position bias")
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    causal = causal and q_len > 1 and attention_mask is None
+    if causal and kv_len > q_len:
+        # No mask and more keys than queries: transformers only skips the mask when the
+        # keys past the queries are empty slots (a fresh static cache); drop them.
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=causal,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_grouped_sdpa(model: PreTrainedModel) -> bool:
+    """Switch a model that runs transformers' ``sdpa`` to :func:`grouped_sdpa_forward`
+    (same masks); returns whether it did."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return False
+    if NAME not in AttentionInterface._global_mapping:
+        AttentionInterface.register(NAME, grouped_sdpa_forward)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    model.config._attn_implementation = NAME
+    for sub in model.modules():  # sub-configs (a text model inside a wrapper) follow
+        config = getattr(sub, "config", None)
+        if config is not None and getattr(config, "_attn_implementation", None) == "sdpa":
+            config._attn_implementation = NAME
+    return True
