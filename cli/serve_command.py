@@ -27,6 +27,12 @@ def register(commands: Any) -> None:
         "a .gguf file or a Hugging Face model directory (never downloaded)",
     )
     parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="weights and KV cache dtype (bf16 halves both; RoPE shifts stay fp32)",
+    )
+    parser.add_argument(
         "--served-model-name",
         default=None,
         help="name reported by /v1/models (default: the model's own)",
@@ -115,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = ServerSettings(
             model=args.model,
+            dtype=args.dtype,
             host=args.host,
             port=args.port,
             api_key=args.api_key,

@@ -110,6 +110,10 @@ def rope_spec(model: PreTrainedModel) -> RopeSpec:
     buffer = getattr(module, "original_inv_freq", module.inv_freq)
     assert isinstance(buffer, torch.Tensor)
     used = buffer.detach().float().cpu()
+    if buffer.dtype != torch.float32 and used.shape == inv_freq.shape:
+        # A model cast whole to a half dtype (buffers included) rotates with the rounded
+        # frequencies: shifting its keys exactly means rotating with those.
+        inv_freq = inv_freq.to(buffer.dtype).float()
     if used.shape != inv_freq.shape or not torch.equal(used, inv_freq):
         raise SpliceUnsupportedError(
             FallbackReason.unsupported_rope,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from fastapi import FastAPI
 
 from leyline.protocol import Limits
@@ -12,9 +13,13 @@ from ..prefix_cache import PrefixCache
 from .app import create_app
 from .settings import ServerSettings
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
 
 def build_app(settings: ServerSettings, *, prefix_cache_bytes: int = 1024**3) -> FastAPI:
-    loaded = load_model(settings.model)
+    if settings.dtype not in DTYPES:
+        raise ValueError(f"dtype {settings.dtype!r}: expected one of {', '.join(DTYPES)}")
+    loaded = load_model(settings.model, dtype=DTYPES[settings.dtype])
     cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
     # The registry enforces the session count (with LRU eviction), not the engine.
     limits = Limits(

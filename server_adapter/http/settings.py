@@ -17,6 +17,8 @@ _TENANT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 class ServerSettings:
     model: str = "smollm2"
     """'smollm2' (embedded default), 'tiny-mla-v2'/'tiny-mla-v3' (random), a .gguf or HF dir."""
+    dtype: str = "float32"
+    """Weights and KV cache: 'float32' or 'bfloat16' (RoPE shifts are computed in fp32)."""
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
