@@ -22,8 +22,8 @@ from .kv_blocks import KVCache
 from .layouts import CacheLayout, detect_layout
 from .models import LoadedModel, load_model
 from .prefix_cache import PrefixCache
-from .run_executor import ForwardAt
 from .rope import RopeSpec, rope_spec
+from .run_executor import ForwardAt
 
 
 class Engine:

@@ -65,5 +65,5 @@ def test_bf16_forget_equals_a_fresh_bf16_prefill(engine: Engine) -> None:
     session = SessionCache(engine)
     session.prefill(tokens)
     session.apply_edits([Edit(20, 45, (7, 8, 9), Mode.forget)])
-    _, fresh = engine.forward((), tokens[:20] + [7, 8, 9] + tokens[45:])
+    _, fresh = engine.forward((), [*tokens[:20], 7, 8, 9, *tokens[45:]])
     assert rel_err(session.next_token_logits(), fresh) <= 2e-2
