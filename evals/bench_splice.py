@@ -8,7 +8,13 @@ splice (empty replacement) compares like for like with engines that delete and s
 fork of the same prefilled session, so machine noise hits them alike; figures are medians.
 
 ``splice`` is the cache edit alone; ``+logits`` also returns the next-token logits (the last
-token is run again in the new context, ``want_logits=True``), which re-prefill delivers too.
+token is run again in the new context, ``want_logits=True``), which re-prefill delivers too:
+in one masked pass with the replacement (the engine's default), and, as ``2-pass``, run by
+run (the replacement's prefill, then the last token's forward: the weights stream twice).
+
+``floor`` is what a splice with logits cannot beat on this machine: the model's weight bytes
+over the measured read bandwidth (a forward of a few tokens streams every weight once) plus
+the rotated keys' bytes over the measured copy bandwidth (read once, written once).
 
 Run: ``.venv/bin/python evals/bench_splice.py`` (``--quick`` for a smoke run).
 """
@@ -49,6 +55,8 @@ class ContextRow:
     prefill_s: float
     splice_ms: float
     splice_logits_ms: float
+    splice_logits_2pass_ms: float
+    floor_ms: float
     reprefill_ms: float
     delete_ms: float
     delete_logits_ms: float
@@ -66,6 +74,53 @@ class ContextRow:
     @property
     def delete_ratio(self) -> float:
         return self.delete_reprefill_ms / self.delete_ms
+
+    @property
+    def over_floor(self) -> float:
+        return self.splice_logits_ms / self.floor_ms
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """Measured on this machine, medians of interleaved runs (GB/s)."""
+
+    weight_bytes: int
+    read_GBps: float
+    """Summing every weight tensor: how fast a forward can stream the weights."""
+    copy_GBps: float
+    """Copying a buffer the size of the weights (bytes copied per second)."""
+
+    def floor_ms(self, rotated_bytes: int) -> float:
+        return (self.weight_bytes / self.read_GBps + rotated_bytes / self.copy_GBps) / 1e6
+
+
+def measure_bandwidth(engine: Engine, runs: int) -> Bandwidth:
+    weights = [p.detach() for p in engine.model.parameters()]
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    src = torch.empty(nbytes // 4, dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    arms: dict[str, Callable[[], object]] = {
+        "read": lambda: [w.sum() for w in weights],
+        "copy": lambda: dst.copy_(src),
+    }
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    for fn in arms.values():
+        fn()
+    for _ in range(runs):
+        for name, fn in arms.items():
+            times[name].append(timed(fn))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return Bandwidth(nbytes, nbytes / med["read"] / 1e6, nbytes / med["copy"] / 1e6)
+
+
+def key_bytes_per_token(engine: Engine, kv: tuple) -> int:  # type: ignore[type-arg]
+    """Bytes of one token's keys (the rotated slot) over all layers."""
+    if engine.layout is None or not kv:
+        return 0
+    n = kv[0][engine.layout.slot].shape[-2]
+    return sum(
+        layer[engine.layout.slot].numel() * layer[engine.layout.slot].element_size() for layer in kv
+    ) // max(n, 1)
 
 
 def document(engine: Engine, n: int) -> list[int]:
@@ -104,7 +159,9 @@ def kl(p: torch.Tensor, q: torch.Tensor) -> float:
     return float((lp.exp() * (lp - lq)).sum())
 
 
-def bench_context(engine: Engine, n: int, args: argparse.Namespace) -> ContextRow:
+def bench_context(
+    engine: Engine, n: int, args: argparse.Namespace, bandwidth: Bandwidth
+) -> ContextRow:
     tokens = document(engine, n)
     start = int(n * args.edit_at)
     end = min(start + args.span, n - 1)
@@ -118,6 +175,7 @@ def bench_context(engine: Engine, n: int, args: argparse.Namespace) -> ContextRo
         for k in (
             "splice",
             "splice_logits",
+            "splice_logits_2pass",
             "reprefill",
             "delete",
             "delete_logits",
@@ -126,23 +184,30 @@ def bench_context(engine: Engine, n: int, args: argparse.Namespace) -> ContextRo
     }
     kls: list[float] = []
 
-    def run(edit: Edit, name: str, want_logits: bool = False) -> torch.Tensor:
+    def run(
+        edit: Edit, name: str, want_logits: bool = False, one_pass: bool = True
+    ) -> torch.Tensor:
         fork = base.fork()
+        engine.one_pass = one_pass
         try:
             arms[name].append(timed(lambda: fork.apply_edits([edit], want_logits=want_logits)))
             return fork.next_token_logits()
         finally:
+            engine.one_pass = True
             fork.release()
             gc.collect()
 
     for _ in range(args.runs):
         run(Edit(start, end, stub, Mode.amortize), "splice")
         spliced = run(Edit(start, end, stub, Mode.amortize), "splice_logits", want_logits=True)
+        run(Edit(start, end, stub, Mode.amortize), "splice_logits_2pass", True, one_pass=False)
         reprefilled = run(Edit(start, end, stub, Mode.forget), "reprefill")
         kls.append(kl(reprefilled, spliced))
         run(Edit(start, end, (), Mode.amortize), "delete")
         run(Edit(start, end, (), Mode.amortize), "delete_logits", want_logits=True)
         run(Edit(start, end, (), Mode.forget), "delete_reprefill")
+    downstream = n - end
+    rotated = downstream * key_bytes_per_token(engine, base.kv)
     base.release()
     med = {k: statistics.median(v) for k, v in arms.items()}
     return ContextRow(
@@ -153,6 +218,8 @@ def bench_context(engine: Engine, n: int, args: argparse.Namespace) -> ContextRo
         prefill_s,
         med["splice"],
         med["splice_logits"],
+        med["splice_logits_2pass"],
+        bandwidth.floor_ms(rotated),
         med["reprefill"],
         med["delete"],
         med["delete_logits"],
@@ -295,6 +362,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2", help="smollm2, tiny-mla-v2/v3, .gguf or HF dir")
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096])
     p.add_argument("--runs", type=int, default=5, help="runs per arm (medians)")
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        choices=sorted(DTYPES),
+        default=["float32"],
+        help="weights and cache dtypes, each benchmarked in turn (rotation math is fp32)",
+    )
     p.add_argument("--span", type=int, default=300, help="tokens replaced")
     p.add_argument("--stub", type=int, default=16, help="replacement tokens")
     p.add_argument("--edit-at", type=float, default=0.25, help="edit start, fraction of context")
@@ -322,35 +396,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict[str, object]:
-    args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    retained = not args.release_freed_memory and retain_freed_memory()
-    if args.memory_child is not None:
-        memory_child(args.model, args.memory_child, args.span, args.stub)
-        return {}
-    engine = Engine.load(args.model)
-    load = os.getloadavg()[0]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
+    """Every figure for one dtype of weights and cache (rotation math stays fp32)."""
+    engine = Engine.load(args.model, dtype=DTYPES[dtype_name])
+    bandwidth = measure_bandwidth(engine, args.rotation_runs)
     print(
-        f"# {engine.loaded.label}, torch {torch.__version__}, {torch.get_num_threads()} "
-        f"threads, load avg {load:.2f}, freed memory retained: {retained}; layout "
-        f"{engine.layout}"
+        f"# {engine.loaded.label} in {dtype_name}, layout {engine.layout}: "
+        f"{bandwidth.weight_bytes / 1e6:.0f} MB of weights, read "
+        f"{bandwidth.read_GBps:.1f} GB/s, copy {bandwidth.copy_GBps:.1f} GB/s"
     )
     print(
-        f"# edit at {args.edit_at:.0%}: span {args.span} -> stub {args.stub} tokens; medians of "
-        f"{args.runs} runs, arms interleaved{' (QUICK: smoke figures only)' if args.quick else ''}"
-    )
-    print(
-        "context prefill_s | splice_ms +logits_ms reprefill_ms ratio ratio(+logits) | "
-        "delete_ms +logits_ms reprefill_ms ratio | KL"
+        "context prefill_s | splice_ms +logits_ms 2-pass_ms floor_ms x_floor reprefill_ms "
+        "ratio ratio(+logits) | delete_ms +logits_ms reprefill_ms ratio | KL"
     )
     rows = []
     for n in args.contexts:
-        r = bench_context(engine, n, args)
+        r = bench_context(engine, n, args, bandwidth)
         rows.append(r)
         print(
             f"{n:7d} {r.prefill_s:9.2f} | {r.splice_ms:9.1f} {r.splice_logits_ms:9.1f} "
+            f"{r.splice_logits_2pass_ms:9.1f} {r.floor_ms:8.1f} {r.over_floor:6.2f}x "
             f"{r.reprefill_ms:12.1f} {r.ratio:5.1f}x {r.ratio_logits:8.1f}x | "
             f"{r.delete_ms:9.1f} {r.delete_logits_ms:9.1f} {r.delete_reprefill_ms:12.1f} "
             f"{r.delete_ratio:5.1f}x | {r.kl_splice_vs_reprefill:.4f}",
@@ -358,7 +426,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         )
     results: dict[str, object] = {
         "model": engine.loaded.label,
-        "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
+        "dtype": dtype_name,
+        "bandwidth": asdict(bandwidth),
+        "rows": [
+            asdict(r) | {"ratio": r.ratio, "ratio_logits": r.ratio_logits, "x_floor": r.over_floor}
+            for r in rows
+        ],
     }
     if engine.layout is not None:
         rot = bench_rotation(engine, max(args.contexts), args.rotation_runs)
@@ -370,6 +443,28 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             f"{rot['copy_GBps']:.1f} GB/s); with allocation {rot['rotate_alloc_ms']:.1f} vs "
             f"clone {rot['clone_ms']:.1f} ms = {rot['ratio_alloc']:.0%}"
         )
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    retained = not args.release_freed_memory and retain_freed_memory()
+    if args.memory_child is not None:
+        memory_child(args.model, args.memory_child, args.span, args.stub)
+        return {}
+    print(
+        f"# {args.model}, torch {torch.__version__}, {torch.get_num_threads()} threads, load "
+        f"avg {os.getloadavg()[0]:.2f}, freed memory retained: {retained}"
+    )
+    print(
+        f"# edit at {args.edit_at:.0%}: span {args.span} -> stub {args.stub} tokens; medians of "
+        f"{args.runs} runs, arms interleaved{' (QUICK: smoke figures only)' if args.quick else ''}"
+    )
+    by_dtype = {name: bench_dtype(args, name) for name in args.dtypes}
+    first = by_dtype[args.dtypes[0]]
+    results: dict[str, object] = {**first, "dtypes": by_dtype}
     if not args.no_memory:
         mem = bench_memory(args, args.memory_context)
         results["memory"] = mem
