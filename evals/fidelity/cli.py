@@ -51,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="torch CPU threads (default 1: on a shared machine 2 threads ran 10x slower)",
     )
+    parser.add_argument(
+        "--dtype",
+        action="append",
+        choices=["float32", "bfloat16"],
+        help="weights and cache dtype (repeat for both; default float32); the rotation is "
+        "computed in fp32 either way",
+    )
     parser.add_argument("--seed", type=int, default=0, help="prompt and delta seed (default 0)")
     parser.add_argument("--out", type=Path, help="results folder")
     parser.add_argument(
@@ -83,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         out=args.out,
         progress=not args.no_progress,
+        dtypes=tuple(dict.fromkeys(args.dtype or ["float32"])),
         **sizes,
     )
     threads = torch.get_num_threads()

@@ -41,15 +41,24 @@ class FidelityOptions:
     seed: int
     out: Path | None
     progress: bool = True
+    dtypes: tuple[str, ...] = ("float32",)
+    """Weights and cache dtypes: each model runs in each (``bfloat16`` entries are keyed
+    ``<model>@bfloat16``)."""
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def run_fidelity(options: FidelityOptions) -> Path:
     folder = results_dir("fidelity", options.out)
     models: dict[str, dict[str, Any]] = {}
     for name in options.models:
-        models[name] = run_model(name, options)
+        for dtype in options.dtypes:
+            key = name if dtype == "float32" else f"{name}@{dtype}"
+            models[key] = run_model(name, options, DTYPES[dtype])
     config = {
         "models": ",".join(options.models),
+        "dtypes": ",".join(options.dtypes),
         "prompts": options.prompts,
         "max_splices": options.max_splices,
         "key_prompts": options.key_prompts,
@@ -85,9 +94,11 @@ def _random_note(models: dict[str, dict[str, Any]]) -> str:
 
 
 @torch.inference_mode()
-def run_model(name: str, options: FidelityOptions) -> dict[str, Any]:
+def run_model(
+    name: str, options: FidelityOptions, dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
     t0 = time.perf_counter()
-    loaded = load_model(name)
+    loaded = load_model(name, dtype=dtype)
     engine = Engine(loaded)
     if engine.layout is None or engine.rope is None:
         raise RuntimeError(f"{loaded.label}: splices unsupported ({engine.splice_refusal})")
@@ -113,6 +124,7 @@ def run_model(name: str, options: FidelityOptions) -> dict[str, Any]:
     layout = engine.layout
     return {
         "label": loaded.label,
+        "dtype": str(dtype).removeprefix("torch."),
         "random_weights": loaded.random_weights,
         "source": loaded.source,
         "layout": f"{layout.kind} slot {layout.slot} dims [{layout.offset}, "

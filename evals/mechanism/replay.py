@@ -9,6 +9,7 @@ so both arms share one queue and the same machine noise.
 
 from __future__ import annotations
 
+import difflib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from typing import cast
 import openai
 
 from leyline.policies import LeylineOpenAI, TruncateOldToolOutputs
+from leyline.protocol.client import LeylineClient
 
 from .shim import Clock, TimedClient
 from .trajectories import Trajectory
@@ -55,6 +57,17 @@ class Sample:
     directives: int
     first_token: str | None
     """The first generated token (greedy: the argmax of the next-token distribution)."""
+    reusable: int | None = None
+    """Tokens of the prompt found, in order, in the session's cached revision before the
+    request (what any edit of that revision could have kept); None on a session's first
+    request (no revision yet)."""
+
+
+def reusable_tokens(cached: Sequence[int], prompt: Sequence[int]) -> int:
+    """Tokens of ``prompt`` that appear, in order, in ``cached``: the sum of the matching
+    blocks of a diff of the two token lists (difflib, no junk heuristic)."""
+    matcher = difflib.SequenceMatcher(None, list(cached), list(prompt), autojunk=False)
+    return sum(block.size for block in matcher.get_matching_blocks())
 
 
 class ReplayClient:
@@ -67,6 +80,9 @@ class ReplayClient:
         self.messages = trajectory.opening()
         self.tools = trajectory.tool_specs()
         self.clocks = {arm: Clock() for arm in ARMS}
+        root = str(base.base_url).rstrip("/").removesuffix("/v1")
+        self.leyline = LeylineClient(root, api_key=base.api_key, timeout=900)
+        self.cached: dict[str, list[int] | None] = {arm: None for arm in ARMS}
         policy = TruncateOldToolOutputs(keep_last=settings.keep_last)
         self.arms = {
             arm: LeylineOpenAI(
@@ -93,6 +109,7 @@ class ReplayClient:
         finally:
             for client in self.arms.values():
                 client.close()
+            self.leyline.close()
         return out
 
     def _ask(self, level: int, index: int, turn: int, arm: str) -> Sample:
@@ -109,6 +126,7 @@ class ReplayClient:
         )
         e2e = time.perf_counter() - t0
         r = client.records[-1]
+        reusable = self._reusable(arm, r.session, r.prompt_tokens)
         return Sample(
             level=level,
             client=index,
@@ -124,7 +142,17 @@ class ReplayClient:
             rotated=r.rotated_tokens or 0,
             directives=r.directives,
             first_token=clock.last_first_token,
+            reusable=reusable,
         )
+
+    def _reusable(self, arm: str, session: str | None, prompt_tokens: int | None) -> int | None:
+        """Reusable tokens of the request just made (outside its timing): its prompt is
+        the head of the session's new revision, diffed against the revision before it."""
+        if session is None or prompt_tokens is None:
+            return None
+        tokens = self.leyline.get_session(session, include_tokens=True).tokens or []
+        before, self.cached[arm] = self.cached[arm], list(tokens)
+        return None if before is None else reusable_tokens(before, tokens[:prompt_tokens])
 
 
 def run_level(

@@ -29,14 +29,15 @@ def concurrency_note(base_url: str | None) -> str:
 
 def latency_table(table: dict[str, Any]) -> str:
     header = ["c", "arm", "requests", "e2e p50 ms", "e2e p90 ms", "TTFT p50 ms", "TTFT p90 ms"]
-    header += ["hit rate", "prefilled", "rotated", "ran as splice"]
+    header += ["hit rate", "reuse of reusable", "prefilled", "rotated", "ran as splice"]
     rows: list[list[Any]] = []
     for level, row in table.items():
         for arm in ARMS:
             a = row[arm]
             times = [round(a[f"{k}_ms"]) for k in ("e2e_p50", "e2e_p90", "ttft_p50", "ttft_p90")]
             counts = [a["prefilled_tokens"], a["rotated_tokens"], a["splice_paths"]]
-            rows.append([level, arm, a["requests"], *times, f"{a['hit_rate']:.1%}", *counts])
+            rates = [f"{a['hit_rate']:.1%}", f"{a['reuse_of_reusable']:.1%}"]
+            rows.append([level, arm, a["requests"], *times, *rates, *counts])
     return markdown_table(header, rows)
 
 

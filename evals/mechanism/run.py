@@ -125,7 +125,10 @@ def _overall_text(facts: dict[str, Any]) -> str:
     hit, agree = facts["hit_rate"], facts["agreement"]
     return (
         f"All levels: replay cache-hit rate splice {hit['splice']:.1%} vs re-prefill "
-        f"{hit['reprefill']:.1%} ({facts['hit_rate_gain_pp']:+.1f} pp); prefilled tokens "
+        f"{hit['reprefill']:.1%} ({facts['hit_rate_gain_pp']:+.1f} pp); of the reusable "
+        f"tokens (the prompt's tokens found in the cached revision) splice reused "
+        f"{facts['reuse_of_reusable']['splice']:.1%}, re-prefill "
+        f"{facts['reuse_of_reusable']['reprefill']:.1%}; prefilled tokens "
         f"{facts['prefilled_tokens']['splice']} vs {facts['prefilled_tokens']['reprefill']}; "
         f"first-token argmax agreement with the warm-prefix path {agree['agree']}/"
         f"{agree['pairs']} turns ({agree['spliced_agree']}/{agree['spliced_pairs']} of the "

@@ -21,6 +21,8 @@ def pct(values: Sequence[float], q: float) -> float:
 def arm_figures(samples: Sequence[Sample]) -> dict[str, Any]:
     reused = sum(s.reused for s in samples)
     total = reused + sum(s.prefilled for s in samples)
+    edited = [s for s in samples if s.reusable is not None]  # a revision was cached
+    reusable = sum(s.reusable or 0 for s in edited)
     e2e = [s.e2e_s * 1e3 for s in samples]
     ttft = [s.ttft_s * 1e3 for s in samples]
     return {
@@ -34,6 +36,10 @@ def arm_figures(samples: Sequence[Sample]) -> dict[str, Any]:
         "prefilled_tokens": total - reused,
         "rotated_tokens": sum(s.rotated for s in samples),
         "splice_paths": sum(s.path == "splice" for s in samples),
+        "reusable_tokens": reusable,
+        "reuse_of_reusable": (
+            sum(s.reused for s in edited) / reusable if reusable else float("nan")
+        ),
     }
 
 
@@ -77,6 +83,7 @@ def overall(samples: Sequence[Sample]) -> dict[str, Any]:
     arms = {arm: arm_figures([s for s in samples if s.arm == arm]) for arm in ARMS}
     return {
         "hit_rate": {arm: arms[arm]["hit_rate"] for arm in ARMS},
+        "reuse_of_reusable": {arm: arms[arm]["reuse_of_reusable"] for arm in ARMS},
         "hit_rate_gain_pp": 100 * (arms["splice"]["hit_rate"] - arms["reprefill"]["hit_rate"]),
         "prefilled_tokens": {arm: arms[arm]["prefilled_tokens"] for arm in ARMS},
         "agreement": agreement(samples),

@@ -24,8 +24,11 @@ class LoadedModel:
 
     @property
     def label(self) -> str:
-        tag = "RANDOM WEIGHTS" if self.random_weights else str(self.dtype).removeprefix("torch.")
-        return f"{self.name} ({tag})"
+        dtype = str(self.dtype).removeprefix("torch.")
+        if not self.random_weights:
+            return f"{self.name} ({dtype})"
+        # fp32 is the test models' default: name any other dtype beside the warning.
+        return f"{self.name} (RANDOM WEIGHTS{'' if dtype == 'float32' else ', ' + dtype})"
 
     @property
     def dtype(self) -> torch.dtype:

@@ -138,3 +138,16 @@ def test_fast_run_default_models(default_report: tuple[Path, dict[str, Any]]) ->
     kls = smol["agreement"]["kl"]
     assert kls["kl_splice_vs_reprefill"]["median"] < kls["kl_control_vs_reprefill"]["median"] / 5
     _check_against_plain_forward("smollm2", smol["records"][0])
+
+
+def test_fast_run_reports_bf16_beside_fp32(tmp_path: Path) -> None:
+    report = _run(tmp_path, "--model", "tiny-mla-v3", "--dtype", "float32", "--dtype", "bfloat16")
+    assert set(report["models"]) == {"tiny-mla-v3", "tiny-mla-v3@bfloat16"}
+    fp32, bf16 = report["models"]["tiny-mla-v3"], report["models"]["tiny-mla-v3@bfloat16"]
+    assert (fp32["dtype"], bf16["dtype"]) == ("float32", "bfloat16")
+    assert "bfloat16" in bf16["label"] and "RANDOM WEIGHTS" in bf16["label"]
+    # bf16 keys carry bf16 rounding, yet the rotation is still what moves them into place.
+    assert fp32["key_error"]["worst"] < 1e-4 < bf16["key_error"]["worst"] < 3e-2
+    assert min(bf16["key_error"]["unrotated_min"]) > 10 * bf16["key_error"]["worst"]
+    assert all(r["path"] == "splice" for r in bf16["records"])
+    assert "bfloat16" in (tmp_path / "report.md").read_text()

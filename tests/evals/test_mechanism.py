@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from leyline.evals.mechanism.replay import Sample
+from leyline.evals.mechanism.replay import Sample, reusable_tokens
 from leyline.evals.mechanism.stats import agreement, pct, summarize
 from leyline.evals.mechanism.synthetic import synthetic_trajectories
 from leyline.evals.mechanism.trajectories import bundled_debug_gym, from_debug_gym_run, load
@@ -79,6 +80,18 @@ def test_statistics_against_hand_computed_values() -> None:
     assert row["reprefill"]["hit_rate"] == pytest.approx(100 / 300)
     assert row["ratio_e2e_p50_ms"] == pytest.approx(2.0 / 1.0)
     assert agreement(samples) == {"pairs": 2, "agree": 1, "spliced_pairs": 1, "spliced_agree": 0}
+    # Reuse against what was reusable counts only requests that had a cached revision.
+    edited = [dataclasses.replace(x, reusable=190) if x.turn == 2 else x for x in samples]
+    row = summarize(edited)["1"]
+    assert row["splice"]["reusable_tokens"] == 190
+    assert row["splice"]["reuse_of_reusable"] == pytest.approx(180 / 190)
+    assert row["reprefill"]["reuse_of_reusable"] == pytest.approx(100 / 190)
+
+
+def test_reusable_tokens_are_the_prompt_tokens_found_in_order_in_the_revision() -> None:
+    assert reusable_tokens([1, 2, 3, 4, 5, 6], [1, 2, 9, 9, 5, 6, 7]) == 4
+    assert reusable_tokens([], [1, 2]) == 0
+    assert reusable_tokens([1, 2, 3], [3, 2, 1]) == 1  # order matters: one can be kept
 
 
 @pytest.mark.slow
@@ -112,6 +125,10 @@ def test_fast_run_against_the_embedded_server(tmp_path: Path) -> None:
     # only, so that arm reuses more of its prompt.
     assert row["splice"]["splice_paths"] >= 1 and row["reprefill"]["splice_paths"] == 0
     assert row["splice"]["hit_rate"] > row["reprefill"]["hit_rate"]
+    # Every request after a session's first knows what its cached revision could give.
+    assert all((s["reusable"] is None) == (s["turn"] == 1) for s in samples)
+    splice, reprefill = row["splice"]["reuse_of_reusable"], row["reprefill"]["reuse_of_reusable"]
+    assert 0.9 <= splice <= 1.0 and reprefill < splice
     agree = row["agreement"]
     assert agree["pairs"] == 6 and 0 <= agree["agree"] <= agree["pairs"]
     assert all(s["first_token"] for s in samples)
