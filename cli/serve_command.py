@@ -100,6 +100,29 @@ def register(commands: Any) -> None:
         default=256,
         help="completion length when a request names none",
     )
+    sched = parser.add_argument_group("scheduling (one model, shared fairly)")
+    sched.add_argument(
+        "--max-running-jobs",
+        type=int,
+        default=8,
+        metavar="N",
+        help="edits and prefills in progress at once, taking turns at prefill chunks so a "
+        "short one never waits for a whole long one (1: one after another)",
+    )
+    sched.add_argument(
+        "--max-decode-batch",
+        type=int,
+        default=32,
+        metavar="N",
+        help="generations stepped together in one batched decode forward (1: one at a time)",
+    )
+    sched.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=512,
+        metavar="TOKENS",
+        help="tokens a prefill runs per forward; other work may run between chunks",
+    )
     parser.set_defaults(run=run)
 
 
@@ -137,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
             tenant_max_cache_bytes=_gib_or_none(args.tenant_max_cache_gib),
             max_new_tokens=args.max_new_tokens,
             served_model_name=args.served_model_name,
+            max_running_jobs=args.max_running_jobs,
+            max_decode_batch=args.max_decode_batch,
+            prefill_chunk=args.prefill_chunk,
         )
         t0 = time.perf_counter()
         app = build_app(settings, prefix_cache_bytes=int(args.prefix_cache_gib * 1024**3))

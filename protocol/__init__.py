@@ -40,6 +40,7 @@ from .envelope import (
     LeylineResponse,
     Path,
     RequestOptions,
+    Timing,
 )
 from .errors import ErrorBody, ErrorCode, ErrorEnvelope, LeylineError
 from .fallback import FallbackReason
@@ -96,6 +97,7 @@ __all__ = [
     "Run",
     "ScratchDirective",
     "SpliceDirective",
+    "Timing",
     "TokenSpan",
     "UnpinDirective",
     "Verb",

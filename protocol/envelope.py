@@ -78,6 +78,23 @@ class ComposedBlock(BaseModel):
     end: int = Field(ge=0, description="One past its last token; address it as a token span.")
 
 
+class Timing(BaseModel):
+    """Where a generation request's time went on the server (optional: a server that
+    schedules its model work says so; docs/protocol.md, 6)."""
+
+    # A response: a client ignores fields a newer minor version adds (docs/protocol.md, 9).
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    queued_s: float = Field(
+        ge=0,
+        description="Waiting for the model before and between the slices of its edit and prefill.",
+    )
+    service_s: float = Field(ge=0, description="Holding the model for the edit and prefill.")
+    decode_s: float = Field(
+        ge=0, description="The generation, its decode steps batched with other requests'."
+    )
+
+
 class LeylineResponse(BaseModel):
     """Every response carries one: what the server did and where each message now lies."""
 
@@ -100,4 +117,7 @@ class LeylineResponse(BaseModel):
         default_factory=list,
         description="Decay and scratch spans dropped since the session's last response, "
         "oldest first.",
+    )
+    timing: Timing | None = Field(
+        default=None, description="Server time of a generation request, where measured."
     )

@@ -7,6 +7,7 @@ pass (``forward.forward_at``): at 4k tokens on SmolLM2 that copies about 19 MB p
 per pass. ``torch``'s SDPA takes the grouped heads directly (``enable_gqa``) with or
 without a mask, bitwise equal on CPU and about 5x faster at that size. The engine
 registers this function under :data:`NAME` and selects it for models loaded with ``sdpa``.
+It also runs the per-row attention of a batched decode step (``batched_decode``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from .batched_decode import ROWS_KWARG, RowsView, rows_attention
 
 NAME = "leyline_sdpa"
 
@@ -33,6 +36,9 @@ def grouped_sdpa_forward(
     """The ``sdpa`` attention function's contract, without expanding grouped heads."""
     if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
         raise ValueError(f"{NAME} supports neither softcap nor a position bias")
+    rows = kwargs.get(ROWS_KWARG)
+    if isinstance(rows, RowsView):  # a batched decode step: each row over its own buffer
+        return rows_attention(module, query, rows, scaling), None
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     causal = causal and q_len > 1 and attention_mask is None

@@ -16,6 +16,7 @@ from leyline.protocol.capabilities import Limits
 from leyline.protocol.errors import ErrorCode, LeylineError
 
 from .attention import use_grouped_sdpa
+from .batched_decode import Row, batches_decode, forward_rows
 from .errors import SpliceUnsupportedError
 from .forward import DEFAULT_PREFILL_CHUNK, KVBuffers, forward_at, forward_into, forward_tokens
 from .kv_blocks import KVCache
@@ -55,6 +56,8 @@ class Engine:
         self.layout: CacheLayout | None = None
         self.splice_refusal: SpliceUnsupportedError | None = None
         self.one_pass = True
+        self.batches_decode = batches_decode(self.model)
+        """Concurrent generations' decode steps run as one batch (``batched_decode``)."""
         """Splices run every recomputed token (the last one's again included) in one masked
         pass over the weights (``forward_at``); False runs them run by run (benchmarks)."""
         try:
@@ -101,6 +104,13 @@ class Engine:
         """Run ``tokens`` at scattered ``positions`` of buffers filled elsewhere up to
         ``total``, in one pass over the weights (``forward.forward_at``)."""
         return forward_at(self.model, buffers, positions, tokens, total, chunk=self.prefill_chunk)
+
+    def forward_rows(self, rows: Sequence[Row]) -> torch.Tensor:
+        """One decode step of several generations (``batched_decode``): logits ``[B, V]``.
+        A single row, or a model the batched step does not support, runs row by row."""
+        if len(rows) > 1 and self.batches_decode:
+            return forward_rows(self.model, rows)
+        return torch.stack([self.forward_into(r.buffers, r.length, [r.token]) for r in rows])
 
     @property
     def one_pass_forward(self) -> ForwardAt | None:

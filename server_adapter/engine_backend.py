@@ -1,7 +1,9 @@
 """The reference engine as a session-core backend: a ``SessionCache`` per session.
 
-All model work runs on one worker thread (this CPU runs one forward at a time well; more
-would only thrash): ``run`` queues a closure there and awaits it, so requests queue fairly.
+All model work goes through one :class:`~.scheduler.ModelScheduler` (this CPU runs one
+forward at a time well; more would only thrash): ``run`` queues a closure there as a job and
+awaits it; ``generate`` hands a begun generation to its batched decode steps. Jobs are
+sliced at prefill chunks, so a short one never waits for a whole long prefill.
 Rendering and tokenizing need no model and run on their own threads, off the event loop.
 """
 
@@ -9,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import TypeVar
 
@@ -28,7 +29,9 @@ from .core.sessions import DEFAULT_TENANT
 from .engine import Engine
 from .http.openai_types import parse_chat
 from .recompute import supports_deviation
-from .session import EXECUTED_VERBS, SessionCache
+from .reports import GenerationResult
+from .scheduler import JobTiming, ModelScheduler
+from .session import EXECUTED_VERBS, PendingGeneration, SessionCache
 from .skills import Skill, SkillStore
 
 T = TypeVar("T")
@@ -45,6 +48,8 @@ class EngineBackend:
         model_name: str,
         tenants: bool = False,
         skill_cache_bytes: int = 1 << 30,
+        max_jobs: int = 8,
+        max_batch: int = 32,
     ) -> None:
         self.engine = engine
         self.skills = SkillStore(skill_cache_bytes)
@@ -53,16 +58,28 @@ class EngineBackend:
         self._limits = limits
         self._tenants = tenants  # whether the server in front maps credentials to tenants
         self.renderer = ChatRenderer(engine.tokenizer) if engine.tokenizer is not None else None
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leyline-model")
+        self.scheduler = ModelScheduler(engine, max_jobs=max_jobs, max_batch=max_batch)
 
-    # -- the worker -------------------------------------------------------------------
+    # -- the model scheduler ------------------------------------------------------------
 
-    async def run(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the model worker and await it."""
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn)
+    async def run(self, fn: Callable[[], T], *, exclusive: bool = False) -> T:
+        """Run ``fn`` as a model job and await it (``exclusive``: alone, see ``scheduler``)."""
+        return await asyncio.wrap_future(self.scheduler.submit(fn, exclusive=exclusive))
+
+    async def run_timed(
+        self, fn: Callable[[], T], *, exclusive: bool = False
+    ) -> tuple[T, JobTiming | None]:
+        """``run``, and where the job's time went (queued, holding the model)."""
+        future = self.scheduler.submit(fn, exclusive=exclusive)
+        result = await asyncio.wrap_future(future)
+        return result, self.scheduler.timing(future)
+
+    async def generate(self, pending: PendingGeneration) -> GenerationResult:
+        """Run a begun generation in the scheduler's batched decode steps; commit it."""
+        return await asyncio.wrap_future(self.scheduler.generate(pending))
 
     def shutdown(self) -> None:
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        self.scheduler.shutdown()
 
     # -- what the server speaks ---------------------------------------------------------
 
@@ -145,7 +162,11 @@ class EngineBackend:
     async def execute(
         self, handle: SessionCache, plan: EditPlan, *, allow_fallback: bool
     ) -> OpReport:
-        return await self.run(lambda: self.execute_now(handle, plan, allow_fallback))
+        # A plan that purges shared blocks runs alone (``scheduler``: FORGET's order).
+        return await self.run(
+            lambda: self.execute_now(handle, plan, allow_fallback),
+            exclusive=plan.forget_from is not None,
+        )
 
     def execute_now(self, handle: SessionCache, plan: EditPlan, allow_fallback: bool) -> OpReport:
         """``execute`` on the calling thread (the model worker): a plan's composes get

@@ -21,6 +21,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from .kv_blocks import KVCache
+from .yield_points import chunk_boundary
 
 DEFAULT_PREFILL_CHUNK = 512
 
@@ -110,6 +111,8 @@ def forward_into(
     device = model.device
     logits: torch.Tensor | None = None
     for lo in range(0, len(tokens), chunk):
+        if lo:
+            chunk_boundary()  # a scheduler may run other work here (``yield_points``)
         ids = torch.tensor([list(tokens[lo : lo + chunk])], dtype=torch.long, device=device)
         pos = torch.arange(length + lo, length + lo + ids.shape[1], device=device).unsqueeze(0)
         out = model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
@@ -177,6 +180,8 @@ def forward_at(
     dtype = buffers[0][0].dtype
     logits: torch.Tensor | None = None
     for lo in range(0, len(tokens), chunk):
+        if lo:
+            chunk_boundary()
         pos = torch.tensor(list(positions[lo : lo + chunk]), dtype=torch.long, device=device)
         ids = torch.tensor([list(tokens[lo : lo + chunk])], dtype=torch.long, device=device)
         cache = DynamicCache()

@@ -2,16 +2,23 @@
 
 transformers' ``DynamicCache`` copies the whole cache at every decode step; here each step
 writes its entry in place (``forward_into``), so a step costs the model, not the cache size.
+
+A :class:`Decoder` is one generation as a state machine (choose a token, then feed it), so a
+scheduler can step many at once in one batched forward (``batched_decode``, ``scheduler``);
+:func:`decode_loop` drives one alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import torch
 
 from leyline.protocol.errors import ErrorCode, LeylineError
 
-from .forward import filled, new_buffers
+from .forward import KVBuffers, filled, new_buffers
 from .reports import TokenChoice
 from .sampling import FinishReason, SamplingParams, choose_token, find_stop, token_logprobs
 from .session_state import SessionState
@@ -23,55 +30,111 @@ OnToken = Callable[[int], bool]
 """Called with each generated token; returning False stops the generation."""
 
 
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A finished generation: the new state (revision + 1, the last token pending), the
+    tokens, their logprobs, the finish reason and where a stop string starts in the decoded
+    text (or None)."""
+
+    state: SessionState
+    tokens: list[int]
+    choices: list[TokenChoice]
+    finish: FinishReason
+    cut: int | None
+
+
+class Decoder:
+    """One generation after ``state`` (which must have logits), one token at a time.
+
+    ``choose()`` samples from the current logits and says whether the generation goes on;
+    if it does, the caller runs the chosen token (:attr:`pending`) at position
+    :attr:`length` of :attr:`buffers` and hands the logits to ``advance()``. ``result()``
+    ends it. The buffers are the generation's own: the session's KV is only read.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        state: SessionState,
+        params: SamplingParams,
+        on_token: OnToken | None,
+    ) -> None:
+        n0 = len(state.tokens)
+        budget = params.max_new_tokens
+        cap = engine.limits.max_session_tokens
+        if cap is not None:
+            if n0 >= cap:
+                raise LeylineError(
+                    ErrorCode.session_too_long,
+                    f"the session holds {n0} tokens, the most this model takes: nothing "
+                    "can be generated; edit or forget part of it first",
+                )
+            budget = min(budget, cap - n0)
+        if state.logits is None:
+            raise ValueError("a generation starts from a state with next-token logits")
+        self.engine, self.state, self.params, self.on_token = engine, state, params, on_token
+        self.budget = budget
+        self.stops = set(params.stop_token_ids or engine.loaded.eos_token_ids)
+        self.buffers: KVBuffers = new_buffers(state.kv, n0 + budget - 1)  # last stays pending
+        for layer, slots in zip(state.kv, self.buffers, strict=True):
+            for src, dst in zip(layer, slots, strict=True):
+                dst[..., :n0, :].copy_(src)
+        self.generator = params.generator()
+        self.logits: torch.Tensor = state.logits
+        self.length = n0
+        self.out: list[int] = []
+        self.choices: list[TokenChoice] = []
+        self.finish: FinishReason = "length"
+        self.cut: int | None = None
+        self.done = False
+
+    @property
+    def pending(self) -> int:
+        """The last chosen token, the one the next forward runs."""
+        return self.out[-1]
+
+    def choose(self) -> bool:
+        """Sample the next token from the current logits; False once the generation ends
+        (a stop token or string, the budget, or ``on_token`` saying stop)."""
+        if self.done:
+            return False
+        token = choose_token(self.logits, self.params, self.generator)
+        self.out.append(token)
+        if self.params.logprobs is not None:
+            top = token_logprobs(self.logits, token, self.params.logprobs)
+            self.choices.append(TokenChoice(token, *top))
+        stopped = self.on_token is not None and self.on_token(token) is False
+        if stopped or token in self.stops:
+            self.finish, self.done = "stop", True
+        elif self.params.stop:
+            self.cut = find_stop(self.engine.decode(self.out), self.params.stop)
+            if self.cut is not None:
+                self.finish, self.done = "stop", True
+        if not self.done and len(self.out) == self.budget:
+            self.done = True
+        return not self.done
+
+    def advance(self, logits: torch.Tensor) -> None:
+        """The logits after :attr:`pending`, whose KV is now at :attr:`length`."""
+        self.logits = logits
+        self.length += 1
+
+    def result(self) -> Decoded:
+        state = self.state
+        n0 = len(state.tokens)
+        kv = filled(self.buffers, self.length)
+        exact = self.length if state.exact_length == n0 else state.exact_length
+        new = SessionState(
+            state.tokens + tuple(self.out), kv, None, state.revision + 1, state.spans, exact
+        )
+        return Decoded(new, self.out, self.choices, self.finish, self.cut)
+
+
 def decode_loop(
     engine: Engine, state: SessionState, params: SamplingParams, on_token: OnToken | None
-) -> tuple[SessionState, list[int], list[TokenChoice], FinishReason, int | None]:
-    """Generate after ``state`` (which must have logits). Returns the new state (revision + 1,
-    the last token pending), the tokens, their logprobs, the finish reason and where a stop
-    string starts in the decoded text (or None)."""
-    n0 = len(state.tokens)
-    budget = params.max_new_tokens
-    cap = engine.limits.max_session_tokens
-    if cap is not None:
-        if n0 >= cap:
-            raise LeylineError(
-                ErrorCode.session_too_long,
-                f"the session holds {n0} tokens, the most this model takes: nothing "
-                "can be generated; edit or forget part of it first",
-            )
-        budget = min(budget, cap - n0)
-    stops = set(params.stop_token_ids or engine.loaded.eos_token_ids)
-    buffers = new_buffers(state.kv, n0 + budget - 1)  # the last token stays pending
-    for layer, slots in zip(state.kv, buffers, strict=True):
-        for src, dst in zip(layer, slots, strict=True):
-            dst[..., :n0, :].copy_(src)
-    generator, logits, length = params.generator(), state.logits, n0
-    assert logits is not None
-    out: list[int] = []
-    choices: list[TokenChoice] = []
-    finish: FinishReason = "length"
-    cut: int | None = None
-    for step in range(budget):
-        token = choose_token(logits, params, generator)
-        out.append(token)
-        if params.logprobs is not None:
-            choices.append(TokenChoice(token, *token_logprobs(logits, token, params.logprobs)))
-        if on_token is not None and on_token(token) is False:
-            finish = "stop"
-            break
-        if token in stops:
-            finish = "stop"
-            break
-        if params.stop:
-            cut = find_stop(engine.decode(out), params.stop)
-            if cut is not None:
-                finish = "stop"
-                break
-        if step + 1 == budget:
-            break
-        logits = engine.forward_into(buffers, length, [token])
-        length += 1
-    kv = filled(buffers, length)
-    exact = length if state.exact_length == n0 else state.exact_length
-    new = SessionState(state.tokens + tuple(out), kv, None, state.revision + 1, state.spans, exact)
-    return new, out, choices, finish, cut
+) -> Decoded:
+    """Generate after ``state`` alone, one forward per token."""
+    decoder = Decoder(engine, state, params, on_token)
+    while decoder.choose():
+        decoder.advance(engine.forward_into(decoder.buffers, decoder.length, [decoder.pending]))
+    return decoder.result()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -33,7 +33,7 @@ from .core.batch import (
 )
 from .edit_paths import run_edits
 from .engine import Engine
-from .generation import OnToken, decode_loop
+from .generation import Decoder, OnToken
 from .kv_blocks import KVCache
 from .lineage import Lineages
 from .prefix_cache import LockHandle
@@ -184,6 +184,22 @@ class SessionCache:
         generation there (finish reason ``stop``). Decode steps write into one buffer sized
         for the whole generation, so a step never copies the cache.
         """
+        with self._lock:
+            pending = self.begin_generation(params, on_token=on_token)
+            decoder = pending.decoder
+            while decoder.choose():
+                logits = self.engine.forward_into(
+                    decoder.buffers, decoder.length, [decoder.pending]
+                )
+                decoder.advance(logits)
+            return self.finish_generation(pending)
+
+    def begin_generation(
+        self, params: SamplingParams | None = None, *, on_token: OnToken | None = None
+    ) -> PendingGeneration:
+        """A generation after the cached sequence, not yet run: its :class:`Decoder` is
+        stepped by the caller (alone, or batched with other sessions' by the scheduler),
+        then :meth:`finish_generation` commits it. The session is unchanged until then."""
         params = params or SamplingParams()
         with self._lock:
             t0 = time.perf_counter()
@@ -193,21 +209,30 @@ class SessionCache:
             prefill = OpReport(
                 Path.prefix_hit, before.revision, len(before.tokens) - pending, pending
             )
-            new, out, choices, finish, cut = decode_loop(self.engine, state, params, on_token)
-            self._commit(new)
-            stops = set(params.stop_token_ids or self.engine.loaded.eos_token_ids)
+            decoder = Decoder(self.engine, state, params, on_token)
+            return PendingGeneration(self, before, decoder, prefill, t0)
+
+    def finish_generation(self, pending: PendingGeneration) -> GenerationResult:
+        """Commit a generation begun on this session: its tokens join the session."""
+        with self._lock:
+            if pending.session is not self or self._state is not pending.before:
+                raise RuntimeError("the session changed while its generation ran")
+            done = pending.decoder.result()
+            self._commit(done.state)
+            out = done.tokens
+            stops = pending.decoder.stops
             shown = out[:-1] if out and out[-1] in stops else out
             text = self.engine.decode(shown)
-            if cut is not None:
-                text = text[:cut]
+            if done.cut is not None:
+                text = text[: done.cut]
             return GenerationResult(
                 tuple(out),
                 text,
-                finish,
-                new.revision,
-                prefill,
-                time.perf_counter() - t0,
-                tuple(choices),
+                done.finish,
+                done.state.revision,
+                pending.prefill,
+                time.perf_counter() - pending.started,
+                tuple(done.choices),
             )
 
     # -- edits -----------------------------------------------------------------------------
@@ -434,3 +459,15 @@ class SessionCache:
 
 def _timed(report: OpReport, t0: float) -> OpReport:
     return replace(report, seconds=time.perf_counter() - t0)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingGeneration:
+    """A generation begun on ``session`` from state ``before``; ``decoder`` holds its work."""
+
+    session: SessionCache
+    before: SessionState
+    decoder: Decoder
+    prefill: OpReport
+    """How the context was brought up to date before the first token."""
+    started: float

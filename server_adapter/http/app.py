@@ -24,7 +24,14 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
     settings = settings or ServerSettings()
     name = settings.served_model_name or engine.loaded.name
     # Tenants: the access layer below maps each API key to one (access.py).
-    backend = EngineBackend(engine, limits=settings.limits, model_name=name, tenants=True)
+    backend = EngineBackend(
+        engine,
+        limits=settings.limits,
+        model_name=name,
+        tenants=True,
+        max_jobs=settings.max_running_jobs,
+        max_batch=settings.max_decode_batch,
+    )
     service = LeylineService(backend, EngineRunner(backend), settings, model_name=name)
 
     @asynccontextmanager
@@ -59,6 +66,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
         service.metrics.cache_bytes.set(service.sessions.total_bytes())
         if engine.prefix_cache is not None:
             service.metrics.prefix_cache_bytes.set(engine.prefix_cache.stats().bytes_used)
+        service.metrics.record_scheduler(backend.scheduler.stats())
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
     app.add_middleware(Access, tenants=settings.tenants_by_key(), metrics=service.metrics)

@@ -1,21 +1,28 @@
-"""The reference engine's turn: edit, prefill and generate in one job on the model worker."""
+"""The reference engine's turn: edit and prefill as one model job, then the generation in the
+scheduler's batched decode steps (``scheduler``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from leyline.protocol.spans import MessageSpan
 
 from ..core.backend import Rendered
 from ..core.batch import common_prefix
 from ..engine_backend import EngineBackend
-from ..session import SessionCache
+from ..reports import OpReport
+from ..session import PendingGeneration, SessionCache
 from .openai_types import ChatMessage, ToolSpec
-from .turns import Cancelled, Outcome, Turn
+from .turns import Cancelled, Outcome, Turn, TurnTiming
 
 
 class EngineRunner:
-    """``Runner[SessionCache]``: one worker job per turn, so no other request interleaves
-    between the edit and the generation, and a job whose client left never starts."""
+    """``Runner[SessionCache]``: one model job per turn up to its first token (the session
+    is leased, so no other request of it interleaves), then its decode steps; a job whose
+    client left never starts."""
 
     def __init__(self, backend: EngineBackend) -> None:
         self.backend = backend
@@ -37,15 +44,36 @@ class EngineRunner:
         return Rendered(out.tokens, out.spans)
 
     async def run(self, turn: Turn[SessionCache]) -> Outcome:
-        def work() -> Outcome:
+        def work() -> _Begun:
             if turn.cancelled():
                 raise Cancelled  # the client left while this waited in the queue
-            return _turn(self.backend, turn)
+            return _begin(self.backend, turn)
 
-        return await self.backend.run(work)
+        purges = turn.plan is not None and turn.plan.forget_from is not None
+        begun, timing = await self.backend.run_timed(work, exclusive=purges)
+        t0 = time.perf_counter()
+        # The scheduler's decode steps run this generation batched with the others.
+        generation = await self.backend.generate(begun.pending)
+        spent = TurnTiming(
+            timing.queued if timing else 0.0,
+            timing.service if timing else 0.0,
+            time.perf_counter() - t0,
+        )
+        return Outcome(begun.edit, begun.prefill, begun.edited, begun.spans, generation, spent)
 
 
-def _turn(backend: EngineBackend, turn: Turn[SessionCache]) -> Outcome:
+@dataclass(frozen=True, slots=True)
+class _Begun:
+    edit: OpReport | None
+    prefill: OpReport
+    edited: tuple[int, ...]
+    spans: tuple[MessageSpan, ...]
+    pending: PendingGeneration
+
+
+def _begin(backend: EngineBackend, turn: Turn[SessionCache]) -> _Begun:
+    """The turn up to its first token: the plan executed, the prompt prefilled, the
+    generation begun (its decode steps are the scheduler's)."""
     session = turn.handle
     edit = None
     if turn.plan is not None:  # through the backend: a compose needs its skills
@@ -57,5 +85,5 @@ def _turn(backend: EngineBackend, turn: Turn[SessionCache]) -> Outcome:
         kept = common_prefix(edited, turn.prompt)
         spans = tuple(span for span in session.spans if span.end <= kept)
     prefill = session.prefill(turn.prompt, spans=spans)
-    generation = session.generate(turn.params, on_token=turn.on_token)
-    return Outcome(edit, prefill, edited, spans, generation)
+    pending = session.begin_generation(turn.params, on_token=turn.on_token)
+    return _Begun(edit, prefill, edited, spans, pending)

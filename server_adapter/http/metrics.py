@@ -6,6 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from leyline.protocol import LeylineResponse
 
+from ..scheduler import SchedulerStats
+
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -48,6 +50,23 @@ class Metrics:
         self.prefix_cache_bytes = Gauge(
             "leyline_prefix_cache_bytes", "Bytes held by the shared prefix cache", registry=r
         )
+        self.scheduler = Gauge(
+            "leyline_scheduler",
+            "Model scheduler counters since start: jobs, slices, decode_steps, decoded_rows "
+            "(decoded_rows / decode_steps is the mean decode batch), max_batch",
+            ["counter"],
+            registry=r,
+        )
+
+    def record_scheduler(self, stats: SchedulerStats) -> None:
+        for name, value in (
+            ("jobs", stats.jobs),
+            ("slices", stats.slices),
+            ("decode_steps", stats.decode_steps),
+            ("decoded_rows", stats.decoded_rows),
+            ("max_batch", stats.max_batch),
+        ):
+            self.scheduler.labels(name).set(value)
 
     def record_cache_op(self, report: LeylineResponse) -> None:
         self.paths.labels(report.path.value).inc()

@@ -28,4 +28,5 @@ def build_app(settings: ServerSettings, *, prefix_cache_bytes: int = 1024**3) ->
         max_session_tokens=settings.max_session_tokens,
         max_sessions=None,
     )
-    return create_app(Engine(loaded, prefix_cache=cache, limits=limits), settings)
+    engine = Engine(loaded, prefix_cache=cache, limits=limits, prefill_chunk=settings.prefill_chunk)
+    return create_app(engine, settings)

@@ -23,6 +23,7 @@ from leyline.protocol import (
     LeylineError,
     LeylineRequest,
     Path,
+    Timing,
 )
 from leyline.protocol.resources import SessionInfo
 
@@ -251,6 +252,9 @@ class LeylineService(Generic[H]):
         response = response.model_copy(update={"revision": generation.revision})
         if plan is not None:
             response = with_composed(response, plan)
+        if (t := outcome.timing) is not None:
+            timing = Timing(queued_s=t.queued, service_s=t.service, decode_s=t.decode)
+            response = response.model_copy(update={"timing": timing})
         self.metrics.record_cache_op(response)
         self.metrics.generated.inc(len(generation.tokens))
         ttft = first[0] if first else time.perf_counter() - t0

@@ -40,6 +40,13 @@ class ServerSettings:
     max_new_tokens: int = 256
     """Default completion length when the request names none."""
     served_model_name: str | None = None
+    max_running_jobs: int = 8
+    """Model jobs (edits, prefills) started and unfinished at a time; they take turns at
+    prefill chunks (``scheduler``). 1 runs them one after another."""
+    max_decode_batch: int = 32
+    """Generations stepped together in one batched decode forward."""
+    prefill_chunk: int = 512
+    """Tokens a prefill runs in one forward: the slice after which other work may run."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -50,6 +57,9 @@ class ServerSettings:
             "max_sessions": self.max_sessions,
             "max_cache_bytes": self.max_cache_bytes,
             "max_new_tokens": self.max_new_tokens,
+            "max_running_jobs": self.max_running_jobs,
+            "max_decode_batch": self.max_decode_batch,
+            "prefill_chunk": self.prefill_chunk,
         }
         quotas = {
             "tenant_max_sessions": self.tenant_max_sessions,

@@ -50,6 +50,18 @@ class Turn(Generic[H]):
 
 
 @dataclass(frozen=True, slots=True)
+class TurnTiming:
+    """Where a turn's server time went (seconds)."""
+
+    queued: float
+    """Waiting for the model before its edit and prefill ran, and between their slices."""
+    service: float
+    """Holding the model for the edit and the prefill."""
+    decode: float
+    """The generation, its decode steps batched with other sessions'."""
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """What a runner did: the edit, the prefill up to the prompt, the generation."""
 
@@ -59,6 +71,8 @@ class Outcome:
     """The session's tokens after the edit, before the prompt was brought in."""
     spans: tuple[MessageSpan, ...]
     generation: GenerationResult
+    timing: TurnTiming | None = None
+    """None where the runner does not measure it."""
 
 
 @dataclass(frozen=True, slots=True)
