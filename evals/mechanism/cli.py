@@ -20,7 +20,8 @@ splice arm with the warm-prefix path; plus HTTP overhead on the embedded server.
 Trajectories: synthetic (seeded pytest logs, tracebacks, file views, grep hits), debug-gym
 (recorded mini_nightmare episodes, bundled; or a results folder of `leyline eval debug-gym`
 given as a path) and demo (the demo's scripted calls on its sample project, real tools).
-Embedded server: SmolLM2-135M on CPU, one model worker, so concurrency measures queueing.
+Embedded server: SmolLM2-135M on CPU; its scheduler batches decode steps and slices prefills
+at chunks (--serial: one request's model work after another, the baseline).
 """
 
 
@@ -65,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fast", action="store_true", help="CI mode: levels 1,2, 3 turns, 3 overhead reps"
     )
+    parser.add_argument(
+        "--serial",
+        action="store_true",
+        help="embedded server with --max-running-jobs 1 --max-decode-batch 1: model work one "
+        "request after another (the baseline the scheduler is measured against)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -97,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
         overhead_reps=reps,
         out=args.out,
         progress=not args.no_progress,
+        serial=args.serial,
     )
+    if args.serial and args.base_url:
+        print("leyline eval mechanism: --serial is for the embedded server", file=sys.stderr)
+        return 2
     run_mechanism(options)
     return 0

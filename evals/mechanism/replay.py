@@ -61,6 +61,15 @@ class Sample:
     """Tokens of the prompt found, in order, in the session's cached revision before the
     request (what any edit of that revision could have kept); None on a session's first
     request (no revision yet)."""
+    started_s: float = 0.0
+    """When the request was sent (``time.perf_counter``): a level's wall time and throughput."""
+    queued_s: float | None = None
+    """Server-reported (``leyline.timing``): waiting for the model before and between the
+    slices of its edit and prefill; None where the server does not report it."""
+    service_s: float | None = None
+    """Server-reported: holding the model for the edit and prefill."""
+    decode_s: float | None = None
+    """Server-reported: the generation, batched with other requests' decode steps."""
 
 
 def reusable_tokens(cached: Sequence[int], prompt: Sequence[int]) -> int:
@@ -143,6 +152,8 @@ class ReplayClient:
             directives=r.directives,
             first_token=clock.last_first_token,
             reusable=reusable,
+            started_s=t0,
+            **_timing(clock.last_timing),
         )
 
     def _reusable(self, arm: str, session: str | None, prompt_tokens: int | None) -> int | None:
@@ -153,6 +164,11 @@ class ReplayClient:
         tokens = self.leyline.get_session(session, include_tokens=True).tokens or []
         before, self.cached[arm] = self.cached[arm], list(tokens)
         return None if before is None else reusable_tokens(before, tokens[:prompt_tokens])
+
+
+def _timing(timing: dict[str, float] | None) -> dict[str, float | None]:
+    keys = ("queued_s", "service_s", "decode_s")
+    return {k: None if timing is None else timing.get(k) for k in keys}
 
 
 def run_level(

@@ -10,9 +10,11 @@ from leyline.evals.common import markdown_table
 from .replay import ARMS
 
 QUEUE_NOTE = (
-    "`leyline serve` runs all model work on ONE worker thread: requests queue, so "
-    "concurrency measures queueing (latency ~ c x work), not parallel throughput. Both arms "
-    "share that queue; read the ratios and the hit rates."
+    "`leyline serve` runs one forward at a time: its scheduler batches the decode steps of "
+    "concurrent generations and slices edits and prefills at prefill chunks, so a short "
+    "request (a splice) waits for a chunk, not for a whole long re-prefill queued before "
+    "it. Both arms share that server; queued and service times are the server's own "
+    "(`leyline.timing`)."
 )
 EXTERNAL_NOTE = (
     "An external server (--base-url): its own scheduler decides how the two arms' requests "
@@ -29,20 +31,28 @@ def concurrency_note(base_url: str | None) -> str:
 
 def latency_table(table: dict[str, Any]) -> str:
     header = ["c", "arm", "requests", "e2e p50 ms", "e2e p90 ms", "TTFT p50 ms", "TTFT p90 ms"]
+    header += ["queued p50 ms", "service p50 ms", "decode p50 ms"]
     header += ["hit rate", "reuse of reusable", "prefilled", "rotated", "ran as splice"]
     rows: list[list[Any]] = []
     for level, row in table.items():
         for arm in ARMS:
             a = row[arm]
             times = [round(a[f"{k}_ms"]) for k in ("e2e_p50", "e2e_p90", "ttft_p50", "ttft_p90")]
+            times += [_ms(a.get(f"{k}_p50_ms")) for k in ("queued", "service", "decode")]
             counts = [a["prefilled_tokens"], a["rotated_tokens"], a["splice_paths"]]
             rates = [f"{a['hit_rate']:.1%}", f"{a['reuse_of_reusable']:.1%}"]
             rows.append([level, arm, a["requests"], *times, *rates, *counts])
     return markdown_table(header, rows)
 
 
+def _ms(value: float | None) -> str:
+    """A time in ms, or '-' where the server reported none (NaN)."""
+    return "-" if value is None or value != value else str(round(value))
+
+
 def ratio_table(table: dict[str, Any]) -> str:
     header = ["c", "e2e p50 re-prefill/splice", "TTFT p50 re-prefill/splice", "hit rate gain"]
+    header.append("throughput req/s")
     header.append("first-token argmax agree (spliced turns)")
     rows = []
     for level, row in table.items():
@@ -53,6 +63,7 @@ def ratio_table(table: dict[str, Any]) -> str:
                 f"{row['ratio_e2e_p50_ms']:.2f}x",
                 f"{row['ratio_ttft_p50_ms']:.2f}x",
                 f"{row['hit_rate_gain_pp']:+.1f} pp",
+                f"{row.get('throughput_rps', float('nan')):.2f}",
                 f"{agree['agree']}/{agree['pairs']} ({agree['spliced_agree']}/"
                 f"{agree['spliced_pairs']})",
             ]
@@ -84,7 +95,7 @@ def plot_latency(table: dict[str, Any], path: Path) -> None:
             axes[0].plot(levels, ys, style, color=color, label=f"{arm} {key.split('_')[0]} p50")
         hits = [100 * table[str(c)][arm]["hit_rate"] for c in levels]
         axes[1].plot(levels, hits, "-o", color=color, label=arm)
-    axes[0].set(xlabel="concurrent clients", ylabel="ms", title="p50 latency (one model worker)")
+    axes[0].set(xlabel="concurrent clients", ylabel="ms", title="p50 latency")
     axes[1].set(xlabel="concurrent clients", ylabel="%", title="replay cache-hit rate")
     axes[1].set_ylim(0, 100)
     for ax in axes:

@@ -37,6 +37,9 @@ class Options:
     overhead_reps: int = 15
     out: Path | None = None
     progress: bool = True
+    serial: bool = False
+    """Embedded server: one request's model work after another (no sliced jobs, no batched
+    decode), the server as it was before its scheduler: the baseline for concurrency."""
 
 
 @contextmanager
@@ -49,7 +52,8 @@ def _server(options: Options) -> Iterator[tuple[str, Any]]:
 
     # Sessions only, no shared prefix cache: each arm reuses what its own session holds.
     model = options.settings.model
-    with EmbeddedServer(model, max_new_tokens=options.settings.max_tokens) as embedded:
+    sched = {"max_running_jobs": 1, "max_decode_batch": 1} if options.serial else {}
+    with EmbeddedServer(model, max_new_tokens=options.settings.max_tokens, **sched) as embedded:
         yield embedded.base_url, embedded.app
 
 
@@ -84,7 +88,11 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
         name="mechanism",
         title="Mechanism: splice vs prefix-cache re-prefill on replayed trajectories",
         config=asdict(settings)
-        | {"server": options.base_url or "embedded leyline serve", "trajectories": len(pool)},
+        | {
+            "server": options.base_url
+            or f"embedded leyline serve{' --serial' if options.serial else ''}",
+            "trajectories": len(pool),
+        },
         folder=folder,
     )
     report.data = {

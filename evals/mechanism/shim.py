@@ -25,6 +25,8 @@ class Clock:
 
     last_ttft_s: float = 0.0
     last_first_token: str | None = None
+    last_timing: dict[str, float] | None = None
+    """The server's ``leyline.timing`` (queued, service, decode seconds), if it sends one."""
 
 
 class _StreamedCompletions:
@@ -55,6 +57,7 @@ class _StreamedCompletions:
                     first_token = choice.logprobs.content[0].token
         self._clock.last_ttft_s = first if first is not None else time.perf_counter() - t0
         self._clock.last_first_token = first_token
+        self._clock.last_timing = leyline.get("timing") if isinstance(leyline, dict) else None
         return _assemble(meta, "".join(content), calls, finish, usage, leyline)
 
 

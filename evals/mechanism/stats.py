@@ -25,12 +25,19 @@ def arm_figures(samples: Sequence[Sample]) -> dict[str, Any]:
     reusable = sum(s.reusable or 0 for s in edited)
     e2e = [s.e2e_s * 1e3 for s in samples]
     ttft = [s.ttft_s * 1e3 for s in samples]
+    queued = [s.queued_s * 1e3 for s in samples if s.queued_s is not None]
+    service = [s.service_s * 1e3 for s in samples if s.service_s is not None]
+    decode = [s.decode_s * 1e3 for s in samples if s.decode_s is not None]
     return {
         "requests": len(samples),
         "e2e_p50_ms": pct(e2e, 50),
         "e2e_p90_ms": pct(e2e, 90),
         "ttft_p50_ms": pct(ttft, 50),
         "ttft_p90_ms": pct(ttft, 90),
+        "queued_p50_ms": pct(queued, 50),
+        "service_p50_ms": pct(service, 50),
+        "decode_p50_ms": pct(decode, 50),
+        "service_ms_total": sum(service),
         "hit_rate": reused / total if total else float("nan"),
         "prompt_tokens": total,
         "prefilled_tokens": total - reused,
@@ -64,6 +71,15 @@ def agreement(samples: Sequence[Sample]) -> dict[str, int]:
     }
 
 
+def throughput(samples: Sequence[Sample]) -> float:
+    """Requests completed per second over the span from the first sent to the last done
+    (both arms: they share the server)."""
+    if not samples:
+        return float("nan")
+    wall = max(s.started_s + s.e2e_s for s in samples) - min(s.started_s for s in samples)
+    return len(samples) / wall if wall > 0 else float("nan")
+
+
 def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
     """Per level: each arm's figures, the re-prefill / splice p50 ratios, the agreement."""
     table: dict[str, Any] = {}
@@ -74,6 +90,7 @@ def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
             row[f"ratio_{key}"] = row["reprefill"][key] / row["splice"][key]
         row["hit_rate_gain_pp"] = 100 * (row["splice"]["hit_rate"] - row["reprefill"]["hit_rate"])
         row["agreement"] = agreement(mine)
+        row["throughput_rps"] = throughput(mine)
         table[str(level)] = row
     return table
 

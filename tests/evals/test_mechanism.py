@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,16 @@ def test_statistics_against_hand_computed_values() -> None:
     assert row["splice"]["reusable_tokens"] == 190
     assert row["splice"]["reuse_of_reusable"] == pytest.approx(180 / 190)
     assert row["reprefill"]["reuse_of_reusable"] == pytest.approx(100 / 190)
+    # Server timings where reported; throughput over the span from first sent to last done.
+    timed = [
+        dataclasses.replace(x, started_s=float(i), queued_s=0.1 * i, service_s=0.5, decode_s=0.2)
+        for i, x in enumerate(samples)
+    ]
+    row = summarize(timed)["1"]
+    assert row["splice"]["queued_p50_ms"] == pytest.approx(100.0)  # samples 0 and 2
+    assert row["reprefill"]["service_p50_ms"] == pytest.approx(500.0)
+    assert row["throughput_rps"] == pytest.approx(4 / (3 + 3.0))  # last: sent at 3, took 3 s
+    assert math.isnan(summarize(samples)["1"]["splice"]["queued_p50_ms"])  # none reported
 
 
 def test_reusable_tokens_are_the_prompt_tokens_found_in_order_in_the_revision() -> None:
@@ -108,7 +119,7 @@ def test_fast_run_against_the_embedded_server(tmp_path: Path) -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "ONE worker thread" in done.stdout and "argmax agreement" in done.stdout
+    assert "batches the decode steps" in done.stdout and "argmax agreement" in done.stdout
     report = json.loads((tmp_path / "report.json").read_text())
     assert (tmp_path / "latency_and_hits.png").read_bytes()[:4] == b"\x89PNG"
     assert "| c | arm |" in (tmp_path / "report.md").read_text()
@@ -132,5 +143,10 @@ def test_fast_run_against_the_embedded_server(tmp_path: Path) -> None:
     agree = row["agreement"]
     assert agree["pairs"] == 6 and 0 <= agree["agree"] <= agree["pairs"]
     assert all(s["first_token"] for s in samples)
+    # The server says where each request's time went; service is part of the wall time.
+    for s in samples:
+        assert s["queued_s"] >= 0 and s["service_s"] > 0 and s["decode_s"] >= 0
+        assert s["queued_s"] + s["service_s"] <= s["e2e_s"]
+    assert row["throughput_rps"] > 0
     for name in ("session_info", "tokenize", "chat_max_tokens_1", "splice_directive"):
         assert report["overhead"][name]["http_p50_ms"] > 0
