@@ -184,9 +184,13 @@ def forward_at(
             chunk_boundary()
         pos = torch.tensor(list(positions[lo : lo + chunk]), dtype=torch.long, device=device)
         ids = torch.tensor([list(tokens[lo : lo + chunk])], dtype=torch.long, device=device)
+        # The chunk's queries see nothing past its last position; the slots there may belong
+        # to later chunks, not written yet: uninitialised memory (NaN poisons even a masked
+        # score), so they are never read.
+        seen = positions[min(lo + chunk, len(positions)) - 1] + 1
         cache = DynamicCache()
-        cache.layers.extend(PlacedLayer(slots, pos, total) for slots in buffers)
-        mask = causal_mask_at(pos, total, dtype, device)
+        cache.layers.extend(PlacedLayer(slots, pos, seen) for slots in buffers)
+        mask = causal_mask_at(pos, seen, dtype, device)
         out = model(
             input_ids=ids,
             position_ids=pos.unsqueeze(0),

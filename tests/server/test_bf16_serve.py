@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from leyline.server_adapter.engine import Engine
+from leyline.server_adapter.sampling import SamplingParams
 from leyline.server_adapter.session import SessionCache
 
 from .conftest import Server, serve
@@ -31,7 +32,11 @@ def bf16_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def test_a_bf16_server_splices_like_a_bf16_engine(bf16_server: Server) -> None:
     messages = turn1()
     body = {"model": "m", "messages": messages, "max_tokens": 2, "temperature": 0}
+    render = {"tools": TOOLS, "add_generation_prompt": True}
     with bf16_server.client() as http:
+        first_prompt = http.post(
+            "/leyline/v1/tokenize", json={"messages": messages, **render}
+        ).json()["tokens"]
         first = http.post(
             "/v1/chat/completions", json=body | {"tools": TOOLS, "leyline": {"session": "b"}}
         )
@@ -46,15 +51,20 @@ def test_a_bf16_server_splices_like_a_bf16_engine(bf16_server: Server) -> None:
         leyline = {"session": "b", "base_revision": before["revision"], "directives": [directive]}
         extra = {"logprobs": True, "top_logprobs": 5, "max_tokens": 1, "tools": TOOLS}
         third = http.post("/v1/chat/completions", json=body | extra | {"leyline": leyline}).json()
-        prompt = http.post(
-            "/leyline/v1/tokenize",
-            json={"messages": messages, "tools": TOOLS, "add_generation_prompt": True},
-        ).json()["tokens"]
+        prompt = http.post("/leyline/v1/tokenize", json={"messages": messages, **render}).json()[
+            "tokens"
+        ]
     assert third["leyline"]["path"] == "splice" and third["leyline"]["rotated_tokens"] > 0
 
+    # The same operations in the same order on a bf16 engine: the prompt prefilled, two
+    # greedy tokens decoded one by one, the splice, the edited prompt. bf16 rounds logits by
+    # up to 0.06 at |logit| 16-32, so a history computed differently (one prefill of the
+    # generated tokens instead of two decode steps) would differ by more than any splice bug.
     engine = Engine.load("smollm2", dtype=torch.bfloat16)
     session = SessionCache(engine)
-    session.prefill(before["tokens"], spans=_spans(before["spans"]))
+    session.prefill(first_prompt, spans=_spans(before["spans"]))
+    session.generate(SamplingParams(max_new_tokens=2))
+    assert list(session.tokens) == before["tokens"]
     session.apply_directives([_directive(directive)], base_revision=session.revision)
     session.prefill(prompt)
     expected = torch.log_softmax(session.next_token_logits(), dim=-1)
