@@ -32,8 +32,8 @@ class EmbeddedServer:
             session reuses only its own cache (the demo's arms then cannot help each other).
         max_new_tokens: completion length when a request names none.
         max_running_jobs, max_decode_batch: the model scheduler's (``leyline serve``'s
-            ``--max-running-jobs`` / ``--max-decode-batch``; 1 and 1 serve one request's
-            model work after another, as the server did before it had a scheduler).
+            ``--max-running-jobs`` / ``--max-decode-batch``; None: the server's defaults;
+            1 and 1: no job slicing across requests and no batched decode, the baseline).
     """
 
     def __init__(
@@ -43,17 +43,21 @@ class EmbeddedServer:
         prefix_cache_bytes: int = 0,
         max_new_tokens: int = 64,
         startup_timeout_s: float = 120.0,
-        max_running_jobs: int = ServerSettings.max_running_jobs,
-        max_decode_batch: int = ServerSettings.max_decode_batch,
+        max_running_jobs: int | None = None,
+        max_decode_batch: int | None = None,
     ) -> None:
         self.port = free_port()
+        scheduling: dict[str, int] = {}
+        if max_running_jobs is not None:
+            scheduling["max_running_jobs"] = max_running_jobs
+        if max_decode_batch is not None:
+            scheduling["max_decode_batch"] = max_decode_batch
         settings = ServerSettings(
             model=model,
             port=self.port,
             log_level="warning",
             max_new_tokens=max_new_tokens,
-            max_running_jobs=max_running_jobs,
-            max_decode_batch=max_decode_batch,
+            **scheduling,
         )
         t0 = time.perf_counter()
         self.app = build_app(settings, prefix_cache_bytes=prefix_cache_bytes)
