@@ -8,12 +8,14 @@ concurrent clients is the order. Two rules make the work a splice saves show as 
   (``batched_decode``), so B generations read the weights once a step, not B times.
 - **Jobs are sliced at prefill chunks.** A job (an edit, a prefill) runs on its own thread
   but only while it holds the model; between two prefill chunks (``yield_points``) it hands
-  the model back and waits its turn behind the other ready jobs, and a decode step runs.
-  A short job (a splice) therefore waits for a chunk, not for a whole long prefill queued
-  before it, and running generations keep producing tokens during a long prefill.
+  the model back, a decode step runs, and the ready job that has held the model least so
+  far goes next (least attained service, which approximates shortest-remaining-first
+  without knowing job sizes). A short job (a splice) therefore waits for a chunk, not for a
+  whole long prefill queued before it, and running generations keep producing tokens
+  during a long prefill.
 
 The scheduler alternates: one decode step of the running generations, then one slice of
-the oldest ready job. At most ``max_jobs`` jobs are started and unfinished at a time (their
+a ready job. At most ``max_jobs`` jobs are started and unfinished at a time (their
 buffers coexist); the rest wait in arrival order.
 
 **Exclusive jobs** (anything that purges the shared prefix cache: FORGET) run alone: they
@@ -161,11 +163,22 @@ class ModelScheduler:
                     self._admit()
                 if self._stopped and not self._ready and self._in_flight == 0:
                     return
-                job = self._ready.popleft() if self._ready else None
+                job = self._next_ready()
             if self._generations:
                 self._decode_step()
             if job is not None:
                 self._run_slice(job)
+
+    def _next_ready(self) -> _Job[Any] | None:
+        """The ready job that has held the model least so far, oldest first among equals
+        (least attained service: a job's remaining work is unknown, but a short one has
+        little attained when it arrives, so it runs before long ones in progress; a long one
+        still gets every slice the short ones leave). Lock held."""
+        if not self._ready:
+            return None
+        job = min(self._ready, key=lambda j: (j.service, j.submitted))
+        self._ready.remove(job)
+        return job
 
     def _admit(self) -> None:
         """Start waiting jobs in arrival order while the rules allow (lock held)."""

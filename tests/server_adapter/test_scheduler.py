@@ -5,6 +5,7 @@ their request and the scheduler keeps serving."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -84,6 +85,34 @@ def test_a_short_job_overtakes_a_long_one_at_a_chunk_boundary(scheduler: ModelSc
     assert long.result(timeout=60) >= 0, "the long job ran to its end before the short one"
     timing = scheduler.timing(long)
     assert timing is not None and timing.service > 0 and timing.queued >= 0
+
+
+def test_the_job_that_has_held_the_model_least_goes_first(scheduler: ModelScheduler) -> None:
+    started = threading.Event()
+    short: list[object] = []
+    between: list[int] = []  # the long job's slices while the short one was in progress
+
+    def long_job() -> None:
+        started.set()
+        for _ in range(10_000):
+            time.sleep(0.002)  # holding the model: attained service grows
+            chunk_boundary()
+            if short:
+                if short[0].done():  # type: ignore[attr-defined]
+                    return
+                between.append(1)
+
+    def short_job() -> None:
+        for _ in range(3):
+            chunk_boundary()  # three slices, each far shorter than the long job's service
+
+    long = scheduler.submit(long_job)
+    assert started.wait(30)
+    time.sleep(0.05)  # the long job has held the model for a while
+    short.append(scheduler.submit(short_job))
+    long.result(timeout=60)
+    # Round robin would have run the long job between the short one's slices.
+    assert len(between) <= 1, f"the long job ran {len(between)} slices amid the short one"
 
 
 def test_generations_advance_during_a_long_prefill(
