@@ -75,6 +75,7 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
         with _bar(total, options.progress) as tick:
             for level in settings.levels:
                 samples += run_level(base, settings, pool, level, tick, f"mech-{stamp}")
+        scheduler = _scheduler_facts(app)
         if app is not None and options.overhead_reps > 0:
             from .overhead import measure_overhead
 
@@ -106,12 +107,14 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
         "overall": facts,
         "summary": table,
         "overhead": overhead,
+        "scheduler": scheduler,
         "samples": [asdict(s) for s in samples],
     }
     report.section("Trajectories replayed", pool_table(pool_facts))
     note = concurrency_note(options.base_url)
     report.section("Per concurrency level", note + "\n\n" + latency_table(table))
-    report.section("Ratios and agreement", ratio_table(table) + "\n\n" + _overall_text(facts))
+    ratios = ratio_table(table) + "\n\n" + _overall_text(facts) + _scheduler_text(scheduler)
+    report.section("Ratios and agreement", ratios)
     if overhead is not None:
         report.section(
             "HTTP + protocol overhead (paired medians)",
@@ -122,11 +125,31 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
     print(concurrency_note(options.base_url), file=out)
     print(latency_table(table), file=out)
     print(ratio_table(table), file=out)
-    print(_overall_text(facts), file=out)
+    print(_overall_text(facts) + _scheduler_text(scheduler), file=out)
     if overhead is not None:
         print(overhead_table(overhead), file=out)
     print(f"\n{wall:.0f} s wall -> {', '.join(str(p) for p in written)}", file=out)
     return report.data
+
+
+def _scheduler_facts(app: Any) -> dict[str, Any] | None:
+    """The embedded server's scheduler counters after the replay (None for --base-url)."""
+    if app is None:
+        return None
+    stats = app.state.service.backend.scheduler.stats()
+    return asdict(stats) | {
+        "mean_decode_batch": stats.decoded_rows / stats.decode_steps if stats.decode_steps else 0
+    }
+
+
+def _scheduler_text(scheduler: dict[str, Any] | None) -> str:
+    if scheduler is None:
+        return ""
+    return (
+        f" Server scheduler: {scheduler['jobs']} jobs in {scheduler['slices']} slices; "
+        f"{scheduler['decode_steps']} decode steps, mean batch "
+        f"{scheduler['mean_decode_batch']:.2f} rows, largest {scheduler['max_batch']}."
+    )
 
 
 def _overall_text(facts: dict[str, Any]) -> str:
