@@ -123,6 +123,12 @@ def register(commands: Any) -> None:
         metavar="TOKENS",
         help="tokens a prefill runs per forward; other work may run between chunks",
     )
+    sched.add_argument(
+        "--inline-decode",
+        action="store_true",
+        help="decode each turn inside its job, unbatched; with --max-running-jobs 1 the "
+        "server runs one request's model work after another (a baseline for benchmarks)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -163,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
             max_running_jobs=args.max_running_jobs,
             max_decode_batch=args.max_decode_batch,
             prefill_chunk=args.prefill_chunk,
+            inline_decode=args.inline_decode,
         )
         t0 = time.perf_counter()
         app = build_app(settings, prefix_cache_bytes=int(args.prefix_cache_gib * 1024**3))

@@ -50,6 +50,7 @@ class EngineBackend:
         skill_cache_bytes: int = 1 << 30,
         max_jobs: int = 8,
         max_batch: int = 32,
+        inline_decode: bool = False,
     ) -> None:
         self.engine = engine
         self.skills = SkillStore(skill_cache_bytes)
@@ -59,6 +60,8 @@ class EngineBackend:
         self._tenants = tenants  # whether the server in front maps credentials to tenants
         self.renderer = ChatRenderer(engine.tokenizer) if engine.tokenizer is not None else None
         self.scheduler = ModelScheduler(engine, max_jobs=max_jobs, max_batch=max_batch)
+        self.inline_decode = inline_decode
+        """A turn's generation runs inside its job, unbatched (the pre-scheduler baseline)."""
 
     # -- the model scheduler ------------------------------------------------------------
 

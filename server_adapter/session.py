@@ -185,7 +185,11 @@ class SessionCache:
         for the whole generation, so a step never copies the cache.
         """
         with self._lock:
-            pending = self.begin_generation(params, on_token=on_token)
+            return self.generate_pending(self.begin_generation(params, on_token=on_token))
+
+    def generate_pending(self, pending: PendingGeneration) -> GenerationResult:
+        """Step a begun generation alone, one forward per token, and commit it."""
+        with self._lock:
             decoder = pending.decoder
             while decoder.choose():
                 logits = self.engine.forward_into(

@@ -31,9 +31,10 @@ class EmbeddedServer:
         prefix_cache_bytes: the shared prefix cache; 0 (default here) turns it off, so each
             session reuses only its own cache (the demo's arms then cannot help each other).
         max_new_tokens: completion length when a request names none.
-        max_running_jobs, max_decode_batch: the model scheduler's (``leyline serve``'s
-            ``--max-running-jobs`` / ``--max-decode-batch``; None: the server's defaults;
-            1 and 1: no job slicing across requests and no batched decode, the baseline).
+        max_running_jobs, max_decode_batch, inline_decode: the model scheduler's
+            (``leyline serve``'s ``--max-running-jobs``, ``--max-decode-batch``,
+            ``--inline-decode``; None: the server's defaults). One job and inline decode is
+            the server before its scheduler: one request's model work after another.
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class EmbeddedServer:
         startup_timeout_s: float = 120.0,
         max_running_jobs: int | None = None,
         max_decode_batch: int | None = None,
+        inline_decode: bool = False,
     ) -> None:
         self.port = free_port()
         scheduling: dict[str, int] = {}
@@ -57,6 +59,7 @@ class EmbeddedServer:
             port=self.port,
             log_level="warning",
             max_new_tokens=max_new_tokens,
+            inline_decode=inline_decode,
             **scheduling,
         )
         t0 = time.perf_counter()

@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--serial",
         action="store_true",
-        help="embedded server with --max-running-jobs 1 --max-decode-batch 1: model work one "
+        help="embedded server with --max-running-jobs 1 --inline-decode: model work one "
         "request after another (the baseline the scheduler is measured against)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -38,8 +38,8 @@ class Options:
     out: Path | None = None
     progress: bool = True
     serial: bool = False
-    """Embedded server: one request's model work after another (no sliced jobs, no batched
-    decode), the server as it was before its scheduler: the baseline for concurrency."""
+    """Embedded server: one request's model work after another (one job at a time, each
+    turn's generation inside it), the server as it was before its scheduler: the baseline."""
 
 
 @contextmanager
@@ -52,8 +52,8 @@ def _server(options: Options) -> Iterator[tuple[str, Any]]:
 
     # Sessions only, no shared prefix cache: each arm reuses what its own session holds.
     model = options.settings.model
-    sched = {"max_running_jobs": 1, "max_decode_batch": 1} if options.serial else {}
-    with EmbeddedServer(model, max_new_tokens=options.settings.max_tokens, **sched) as embedded:
+    serial = {"max_running_jobs": 1, "inline_decode": True} if options.serial else {}
+    with EmbeddedServer(model, max_new_tokens=options.settings.max_tokens, **serial) as embedded:
         yield embedded.base_url, embedded.app
 
 

@@ -13,7 +13,7 @@ from leyline.protocol.spans import MessageSpan
 from ..core.backend import Rendered
 from ..core.batch import common_prefix
 from ..engine_backend import EngineBackend
-from ..reports import OpReport
+from ..reports import GenerationResult, OpReport
 from ..session import PendingGeneration, SessionCache
 from .openai_types import ChatMessage, ToolSpec
 from .turns import Cancelled, Outcome, Turn, TurnTiming
@@ -44,21 +44,32 @@ class EngineRunner:
         return Rendered(out.tokens, out.spans)
 
     async def run(self, turn: Turn[SessionCache]) -> Outcome:
-        def work() -> _Begun:
+        inline = self.backend.inline_decode
+
+        def work() -> tuple[_Begun, GenerationResult | None]:
             if turn.cancelled():
                 raise Cancelled  # the client left while this waited in the queue
-            return _begin(self.backend, turn)
+            begun = _begin(self.backend, turn)
+            if not inline:
+                return begun, None
+            # The baseline: the whole generation inside the job, nothing else meanwhile.
+            pending = begun.pending
+            session = pending.session
+            return begun, session.generate_pending(pending)
 
         purges = turn.plan is not None and turn.plan.forget_from is not None
-        begun, timing = await self.backend.run_timed(work, exclusive=purges)
-        t0 = time.perf_counter()
-        # The scheduler's decode steps run this generation batched with the others.
-        generation = await self.backend.generate(begun.pending)
-        spent = TurnTiming(
-            timing.queued if timing else 0.0,
-            timing.service if timing else 0.0,
-            time.perf_counter() - t0,
-        )
+        (begun, generation), timing = await self.backend.run_timed(work, exclusive=purges)
+        queued = timing.queued if timing else 0.0
+        service = timing.service if timing else 0.0
+        if generation is None:
+            t0 = time.perf_counter()
+            # The scheduler's decode steps run this generation batched with the others.
+            generation = await self.backend.generate(begun.pending)
+            decode = time.perf_counter() - t0
+        else:
+            decode = generation.seconds
+            service = max(0.0, service - decode)
+        spent = TurnTiming(queued, service, decode)
         return Outcome(begun.edit, begun.prefill, begun.edited, begun.spans, generation, spent)
 
 

@@ -1,6 +1,7 @@
 """Chat turns with directives through one ``LeylineService``, on both backends.
 
-The reference engine runs its turns on the model worker (``EngineRunner``, real SmolLM2);
+The reference engine runs its turns in its model scheduler (``EngineRunner``, real SmolLM2;
+generations batched, or inside their job);
 SGLang's runner (``SglangRunner``) runs the edit in a scripted scheduler and generates with
 a scripted generator (``scripted_scheduler``: same ids every time, labelled as such; the
 live server is ``tests/sglang_live/test_chat.py``). What the service promises must hold on
@@ -41,11 +42,15 @@ def engine(smollm2: LoadedModel) -> Engine:
     return Engine(smollm2, limits=LIMITS)
 
 
-@pytest.fixture(params=["engine", "sglang"])
+@pytest.fixture(params=["engine", "engine-inline", "sglang"])
 def service(request: pytest.FixtureRequest, engine: Engine) -> Iterator[LeylineService[Any]]:
     settings = ServerSettings(max_new_tokens=4)
-    if request.param == "engine":
-        backend: Any = EngineBackend(engine, limits=LIMITS, model_name="smollm2")
+    if request.param.startswith("engine"):
+        # engine-inline: each generation inside its job (the pre-scheduler baseline).
+        inline = request.param == "engine-inline"
+        backend: Any = EngineBackend(
+            engine, limits=LIMITS, model_name="smollm2", inline_decode=inline
+        )
         yield LeylineService(backend, EngineRunner(backend), settings, model_name="smollm2")
         backend.shutdown()
     else:
