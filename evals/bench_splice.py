@@ -159,6 +159,24 @@ def kl(p: torch.Tensor, q: torch.Tensor) -> float:
     return float((lp.exp() * (lp - lq)).sum())
 
 
+def timed_edit(
+    base: SessionCache, edit: Edit, *, want_logits: bool = False, one_pass: bool = True
+) -> tuple[float, torch.Tensor]:
+    """Milliseconds to apply ``edit`` to a fork of ``base`` (the fork's next-token logits are
+    computed after the clock stops), and those logits; ``one_pass=False`` times the 2-pass
+    splice (the replacement's prefill, then the last token's forward)."""
+    fork = base.fork()
+    engine = base.engine
+    engine.one_pass = one_pass
+    try:
+        ms = timed(lambda: fork.apply_edits([edit], want_logits=want_logits))
+        return ms, fork.next_token_logits()
+    finally:
+        engine.one_pass = True
+        fork.release()
+        gc.collect()
+
+
 def bench_context(
     engine: Engine, n: int, args: argparse.Namespace, bandwidth: Bandwidth
 ) -> ContextRow:
@@ -187,15 +205,9 @@ def bench_context(
     def run(
         edit: Edit, name: str, want_logits: bool = False, one_pass: bool = True
     ) -> torch.Tensor:
-        fork = base.fork()
-        engine.one_pass = one_pass
-        try:
-            arms[name].append(timed(lambda: fork.apply_edits([edit], want_logits=want_logits)))
-            return fork.next_token_logits()
-        finally:
-            engine.one_pass = True
-            fork.release()
-            gc.collect()
+        ms, logits = timed_edit(base, edit, want_logits=want_logits, one_pass=one_pass)
+        arms[name].append(ms)
+        return logits
 
     for _ in range(args.runs):
         run(Edit(start, end, stub, Mode.amortize), "splice")

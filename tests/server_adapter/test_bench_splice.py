@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from leyline.evals.bench_splice import main
@@ -20,3 +22,17 @@ def test_bench_has_help(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["--help"])
     assert info.value.code == 0 and "--quick" in capsys.readouterr().out
+
+
+def test_bench_reports_both_dtypes_with_a_floor(capsys: pytest.CaptureFixture[str]) -> None:
+    args = "--model tiny-mla-v2 --contexts 96 --runs 1 --span 20 --stub 4 --rotation-runs 1"
+    results = main([*args.split(), "--dtypes", "float32", "bfloat16", "--no-memory"])
+    by_dtype = results["dtypes"]
+    assert set(by_dtype) == {"float32", "bfloat16"}  # type: ignore[arg-type]
+    for name, figures in by_dtype.items():  # type: ignore[attr-defined]
+        assert figures["dtype"] == name
+        (row,) = figures["rows"]
+        assert row["floor_ms"] > 0 and math.isfinite(row["x_floor"]) and row["x_floor"] > 0
+        assert figures["bandwidth"]["read_GBps"] > 0 and figures["bandwidth"]["copy_GBps"] > 0
+    out = capsys.readouterr().out
+    assert "in float32" in out and "in bfloat16" in out
