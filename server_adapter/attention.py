@@ -18,6 +18,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from .batched_decode import ROWS_KWARG, RowsView, rows_attention
+from .forward import QUERY_RUNS_KWARG
 
 NAME = "leyline_sdpa"
 
@@ -39,6 +40,9 @@ def grouped_sdpa_forward(
     rows = kwargs.get(ROWS_KWARG)
     if isinstance(rows, RowsView):  # a batched decode step: each row over its own buffer
         return rows_attention(module, query, rows, scaling), None
+    runs = kwargs.get(QUERY_RUNS_KWARG)
+    if runs is not None and attention_mask is not None and len(runs) > 1:
+        return _by_runs(query, key, value, attention_mask, scaling, runs), None
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     causal = causal and q_len > 1 and attention_mask is None
@@ -57,6 +61,30 @@ def grouped_sdpa_forward(
         enable_gqa=query.shape[1] != key.shape[1],
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def _by_runs(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float | None,
+    runs: tuple[tuple[int, int, int], ...],
+) -> torch.Tensor:
+    """Masked attention of scattered queries (``forward.forward_at``), run by run: each run
+    reads only the keys it can see, and a single query (a splice's last token) needs no
+    mask at all. The same scores as one masked call over every key (the mask hides
+    exactly what is cut), about half the time at 4k on this CPU: torch's kernel is slow
+    with an explicit mask over long keys."""
+    gqa = query.shape[1] != key.shape[1]
+    outs = []
+    for first, end, seen in runs:
+        q = query[:, :, first:end]
+        k, v = key[:, :, :seen], value[:, :, :seen]
+        m = None if end - first == 1 else mask[..., first:end, :seen]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scaling, enable_gqa=gqa)
+        outs.append(out)
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
 def use_grouped_sdpa(model: PreTrainedModel) -> bool:

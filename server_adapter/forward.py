@@ -143,6 +143,23 @@ class PlacedLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # unannotated
         return self.whole
 
 
+QUERY_RUNS_KWARG = "leyline_query_runs"
+"""The model-forward keyword that tells the engine's attention (``attention``) where each
+run of consecutive query positions ends, so it reads only the keys each run can see."""
+
+
+def query_runs(positions: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
+    """``(first, end, keys)`` per run of consecutive positions: queries ``[first, end)`` of
+    the forward see keys ``[0, keys)`` (the run's last position + 1), causally within it."""
+    runs: list[tuple[int, int, int]] = []
+    start = 0
+    for i in range(1, len(positions) + 1):
+        if i == len(positions) or positions[i] != positions[i - 1] + 1:
+            runs.append((start, i, positions[i - 1] + 1))
+            start = i
+    return tuple(runs)
+
+
 def causal_mask_at(
     positions: torch.Tensor, total: int, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
@@ -191,6 +208,7 @@ def forward_at(
         cache = DynamicCache()
         cache.layers.extend(PlacedLayer(slots, pos, seen) for slots in buffers)
         mask = causal_mask_at(pos, seen, dtype, device)
+        chunk_positions = positions[lo : lo + chunk]
         out = model(
             input_ids=ids,
             position_ids=pos.unsqueeze(0),
@@ -198,6 +216,7 @@ def forward_at(
             cache=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{QUERY_RUNS_KWARG: query_runs(chunk_positions)},
         )
         logits = out.logits[0, -1]
     assert logits is not None

@@ -11,7 +11,7 @@ from leyline.protocol.algebra import Edit, apply_edits
 from leyline.protocol.directives import Mode
 from leyline.server_adapter.attention import NAME, grouped_sdpa_forward
 from leyline.server_adapter.engine import Engine
-from leyline.server_adapter.forward import filled, forward_at, new_buffers, prefill_at
+from leyline.server_adapter.forward import filled, forward_at, new_buffers, prefill_at, query_runs
 from leyline.server_adapter.run_executor import SourcedRun, execute_edit, fused_plan
 from leyline.server_adapter.session import SessionCache
 
@@ -51,6 +51,12 @@ def test_scattered_positions_reproduce_a_full_prefill(engine: Engine) -> None:
         for got, want in zip(layer, ref, strict=True):
             assert not got.isnan().any()
             assert _max_diff(got[..., holes, :], want[..., holes, :]) <= 1e-4
+
+
+def test_query_runs_split_scattered_positions_into_consecutive_runs() -> None:
+    # (first query, end query, keys the run sees): the run's last position + 1.
+    assert query_runs([3, 4, 5, 40, 41, 70]) == ((0, 3, 6), (3, 5, 42), (5, 6, 71))
+    assert query_runs([7]) == ((0, 1, 8),)
 
 
 def test_chunks_see_what_earlier_chunks_wrote(llama_engine: Engine) -> None:
