@@ -41,7 +41,7 @@ def grouped_sdpa_forward(
     if isinstance(rows, RowsView):  # a batched decode step: each row over its own buffer
         return rows_attention(module, query, rows, scaling), None
     runs = kwargs.get(QUERY_RUNS_KWARG)
-    if runs is not None and attention_mask is not None and len(runs) > 1:
+    if isinstance(runs, tuple) and attention_mask is not None and len(runs) > 1:
         return _by_runs(query, key, value, attention_mask, scaling, runs), None
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
