@@ -148,8 +148,9 @@ def test_fast_run_against_the_embedded_server(tmp_path: Path) -> None:
         assert s["queued_s"] >= 0 and s["service_s"] > 0 and s["decode_s"] >= 0
         assert s["queued_s"] + s["service_s"] <= s["e2e_s"]
     assert row["throughput_rps"] > 0
+    # One token a reply: it is sampled from the prefill's logits, so no decode step runs.
     scheduler = report["scheduler"]
-    assert scheduler["decode_steps"] > 0 and scheduler["jobs"] >= len(samples)
-    assert scheduler["mean_decode_batch"] >= 1
+    assert scheduler["jobs"] >= len(samples) and scheduler["slices"] >= scheduler["jobs"]
+    assert scheduler["decode_steps"] == 0 and scheduler["max_batch"] == 0
     for name in ("session_info", "tokenize", "chat_max_tokens_1", "splice_directive"):
         assert report["overhead"][name]["http_p50_ms"] > 0

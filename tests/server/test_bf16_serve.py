@@ -60,14 +60,21 @@ def test_a_bf16_server_splices_like_a_bf16_engine(bf16_server: Server) -> None:
     # greedy tokens decoded one by one, the splice, the edited prompt. bf16 rounds logits by
     # up to 0.06 at |logit| 16-32, so a history computed differently (one prefill of the
     # generated tokens instead of two decode steps) would differ by more than any splice bug.
-    engine = Engine.load("smollm2", dtype=torch.bfloat16)
-    session = SessionCache(engine)
-    session.prefill(first_prompt, spans=_spans(before["spans"]))
-    session.generate(SamplingParams(max_new_tokens=2))
-    assert list(session.tokens) == before["tokens"]
-    session.apply_directives([_directive(directive)], base_revision=session.revision)
-    session.prefill(prompt)
-    expected = torch.log_softmax(session.next_token_logits(), dim=-1)
+    # bf16 products also round differently with the number of threads that split them, and
+    # other tests of this process may have changed it: use the server's (a fresh process's).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(_fresh_process_threads())
+    try:
+        engine = Engine.load("smollm2", dtype=torch.bfloat16)
+        session = SessionCache(engine)
+        session.prefill(first_prompt, spans=_spans(before["spans"]))
+        session.generate(SamplingParams(max_new_tokens=2))
+        assert list(session.tokens) == before["tokens"]
+        session.apply_directives([_directive(directive)], base_revision=session.revision)
+        session.prefill(prompt)
+        expected = torch.log_softmax(session.next_token_logits(), dim=-1)
+    finally:
+        torch.set_num_threads(threads)
     top = third["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
     checked = 0
     for entry in top:
@@ -76,6 +83,12 @@ def test_a_bf16_server_splices_like_a_bf16_engine(bf16_server: Server) -> None:
             assert math.isclose(entry["logprob"], float(expected[token[0]]), abs_tol=2e-2)
             checked += 1
     assert checked >= 3
+
+
+def _fresh_process_threads() -> int:
+    probe = "import torch; print(torch.get_num_threads())"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    return int(out.stdout)
 
 
 def test_an_unknown_dtype_is_refused_with_help() -> None:
