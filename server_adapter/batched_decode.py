@@ -105,6 +105,7 @@ def batches_decode(model: PreTrainedModel) -> bool:
     mask); other models need the engine's attention function, which reads the rows."""
     if decode_mode(model) == "padded":
         return True
+    # attention.NAME, spelled out: attention imports this module.
     return getattr(model.config, "_attn_implementation", None) == "leyline_sdpa"
 
 

@@ -112,11 +112,7 @@ class ModelScheduler:
     def submit(self, fn: Callable[[], T], *, exclusive: bool = False) -> Future[T]:
         """Run ``fn`` as a job; its future carries the result (or the exception)."""
         job: _Job[T] = _Job(fn, exclusive)
-        with self._cv:
-            if self._stopped:
-                raise RuntimeError("the model scheduler is shut down")
-            self._waiting.append(job)
-            self._cv.notify_all()
+        self._enqueue(self._waiting, job)
         return job.future
 
     def timing(self, future: Future[Any]) -> JobTiming | None:
@@ -127,12 +123,15 @@ class ModelScheduler:
         """Step ``pending``'s decoder with the running generations until it ends, then
         commit it (``SessionCache.finish_generation``)."""
         generation = _Generation(pending)
+        self._enqueue(self._generations, generation)
+        return generation.future
+
+    def _enqueue(self, queue: deque[Any], item: object) -> None:
         with self._cv:
             if self._stopped:
                 raise RuntimeError("the model scheduler is shut down")
-            self._generations.append(generation)
+            queue.append(item)
             self._cv.notify_all()
-        return generation.future
 
     def stats(self) -> SchedulerStats:
         c = self._counts
