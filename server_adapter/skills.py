@@ -4,6 +4,13 @@ A skill's KV is the engine's prefill of its tokens from position 0 with nothing 
 COMPOSE (``compose``) later copies it into any session at any position, rotating the keys'
 rope band there, so the block is never prefilled again.
 
+An *anchored* skill (``compile_skill(..., anchor=...)``) is compiled after a few context
+tokens (say, the chat template's system header) whose own KV is then dropped: the block's
+tokens see a sequence start like the one they will land in instead of being the start
+themselves, where the first token draws the attention-sink weight. Its KV is stored as
+if compiled from position 0 (keys rotated back by ``len(anchor)``), so COMPOSE treats both
+kinds alike.
+
 :class:`SkillStore` keeps skills per tenant under a byte budget: the least recently used
 skill that no running compose holds is evicted first; ``acquire``/``release`` (or
 ``using``) mark a skill in use so it can never be evicted under a compose that reads it.
@@ -23,6 +30,7 @@ from leyline.protocol.errors import ErrorCode, LeylineError
 
 from .forward import kv_length
 from .kv_blocks import KVCache, kv_nbytes
+from .rope import delta_rotate
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -42,8 +50,11 @@ class Skill:
     model: str
     """``LoadedModel.label`` of the engine that computed ``kv``."""
     content_hash: str
-    """sha256 over ``model`` and ``tokens``: same model and tokens, same hash."""
+    """sha256 over ``model`` and ``tokens`` (and ``anchor`` when there is one): same model,
+    tokens and anchor, same hash."""
     nbytes: int
+    anchor: tuple[int, ...] = ()
+    """The tokens the block was compiled after (their KV is not kept); () for none."""
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -53,22 +64,39 @@ class Skill:
         return (self.tenant, self.id)
 
 
-def content_hash(model: str, tokens: Sequence[int]) -> str:
+def content_hash(model: str, tokens: Sequence[int], anchor: Sequence[int] = ()) -> str:
     digest = hashlib.sha256(model.encode())
     digest.update(b"\0")  # the label cannot run into the token bytes
     for t in tokens:
         digest.update(int(t).to_bytes(8, "little", signed=True))
+    if anchor:  # the unanchored hash is the protocol's skill_content_hash, unchanged
+        digest.update(b"\0anchor")  # not 8 bytes: cannot read as a token id
+        for t in anchor:
+            digest.update(int(t).to_bytes(8, "little", signed=True))
     return digest.hexdigest()
 
 
-def compile_skill(engine: Engine, tokens: Sequence[int], *, skill_id: str, tenant: str) -> Skill:
+def compile_skill(
+    engine: Engine,
+    tokens: Sequence[int],
+    *,
+    skill_id: str,
+    tenant: str,
+    anchor: Sequence[int] = (),
+) -> Skill:
     """Prefill ``tokens`` alone from position 0 and keep their KV as a skill.
+
+    ``anchor``: prefill ``anchor + tokens`` instead and keep only the block's KV, its keys'
+    rope band rotated by ``-len(anchor)`` so it reads as compiled from position 0 (see the
+    module docstring). The anchor counts toward no limit of the block but the vocabulary's.
 
     Raises:
         LeylineError: ``invalid_directive`` for an empty block or ids outside the
-            vocabulary; ``limit_exceeded`` past the engine's ``max_skill_tokens``.
+            vocabulary; ``limit_exceeded`` past the engine's ``max_skill_tokens``;
+            ``unsupported_option`` for an anchor on a model whose keys cannot be rotated.
     """
     block = tuple(int(t) for t in tokens)
+    lead = tuple(int(t) for t in anchor)
     if not block:
         raise LeylineError(ErrorCode.invalid_directive, "a skill needs at least one token")
     cap = engine.limits.max_skill_tokens
@@ -78,15 +106,42 @@ def compile_skill(engine: Engine, tokens: Sequence[int], *, skill_id: str, tenan
             f"the skill is {len(block)} tokens; this server takes at most {cap}",
             "tokens",
         )
-    bad = [t for t in block if not 0 <= t < engine.vocab_size]
+    bad = [t for t in lead + block if not 0 <= t < engine.vocab_size]
     if bad:
         raise LeylineError(
             ErrorCode.invalid_directive,
             f"token ids {bad[:5]} are outside the vocabulary [0, {engine.vocab_size})",
         )
-    kv, _ = engine.forward((), block)
+    if lead and (engine.layout is None or engine.rope is None):
+        raise LeylineError(
+            ErrorCode.unsupported_option,
+            f"{engine.loaded.label}: an anchored skill needs rotatable keys "
+            f"({engine.splice_refusal})",
+            "anchor",
+        )
+    kv, _ = engine.forward((), lead + block)
+    if lead:
+        kv = _drop_anchor(engine, kv, len(lead))
     label = engine.loaded.label
-    return Skill(skill_id, tenant, block, kv, label, content_hash(label, block), kv_nbytes(kv))
+    return Skill(
+        skill_id, tenant, block, kv, label, content_hash(label, block, lead), kv_nbytes(kv), lead
+    )
+
+
+def _drop_anchor(engine: Engine, kv: KVCache, n: int) -> KVCache:
+    """The KV of positions ``[n, ...)`` as if computed at ``[0, ...)``: sliced (a copy, so
+    the anchor's memory is freed) and the keys' rope band rotated by ``-n``."""
+    layout, rope = engine.layout, engine.rope
+    assert layout is not None and rope is not None
+    return tuple(
+        tuple(
+            delta_rotate(t[..., n:, :], -n, rope.inv_freq, layout.pairing, offset=layout.offset)
+            if slot == layout.slot
+            else t[..., n:, :].contiguous()
+            for slot, t in enumerate(layer)
+        )
+        for layer in kv
+    )
 
 
 def check_compatible(engine: Engine, skill: Skill, template: KVCache) -> None:

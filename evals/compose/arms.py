@@ -15,6 +15,10 @@ Arms (all read the next-token logits after the same question tokens):
 * ``compose_k{K}_ask{P}``: question-aware recompute, an eval arm (not a server mode): the
   same number of block tokens recomputed, chosen by the attention the question gives them
   (``question``).
+* ``anchored_k{K}``: the same compose (no recompute) of the skill compiled after an anchor
+  (``anchor``: by default the chat template's header), whose KV is dropped: the block no
+  longer starts a sequence of its own.
+* ``anchored_k{K}_ask{P}``: question-aware recompute on the anchored skill.
 * ``norot_k{K}``: the control, the same compose with the skill's keys left at the positions
   they were computed at (see :func:`unrotated`).
 * ``no_skill``: prefix + question, the skill left out: how much the answer needs the skill.
@@ -59,6 +63,12 @@ def ask_arm(seam: int, ratio: float) -> str:
     return f"compose_k{seam}_ask{round(ratio * 100, 1):g}"
 
 
+def anchored_arm(seam: int, ask_ratio: float | None = None) -> str:
+    """``anchored_k16``; with a question-aware ratio, ``anchored_k16_ask15``."""
+    head = f"anchored_k{seam}"
+    return head if ask_ratio is None else f"{head}_ask{round(ask_ratio * 100, 1):g}"
+
+
 def plain_compose_seam(arm: str) -> int | None:
     """K of a ``compose_k{K}`` arm (no recompute), else None."""
     rest = arm.removeprefix("compose_k")
@@ -76,6 +86,8 @@ class ArmSet:
     """Deviation ratios, each one ``compose_k{recompute_seam}_dev{P}`` arm."""
     ask_ratios: tuple[float, ...] = ()
     """Question-aware ratios, each one ``compose_k{recompute_seam}_ask{P}`` arm."""
+    anchored: bool = False
+    """One ``anchored_k{recompute_seam}`` arm (the run compiles the anchored skill)."""
 
     def deviation_arms(self) -> list[tuple[str, float]]:
         return [(deviation_arm(self.recompute_seam, r), r) for r in self.ratios]
@@ -83,8 +95,19 @@ class ArmSet:
     def ask_arms(self) -> list[tuple[str, float]]:
         return [(ask_arm(self.recompute_seam, r), r) for r in self.ask_ratios]
 
+    def anchored_ask_arms(self) -> list[tuple[str, float]]:
+        """Question-aware recompute on the anchored skill, per ask ratio (when anchored)."""
+        if not self.anchored:
+            return []
+        return [(anchored_arm(self.recompute_seam, r), r) for r in self.ask_ratios]
+
     def recompute_arms(self) -> list[str]:
-        return [name for name, _ in self.deviation_arms() + self.ask_arms()]
+        """The arms that go past the plain compose at ``recompute_seam``: selective
+        recompute (deviation, question-aware), the anchored compile, and the anchored
+        compile with question-aware recompute."""
+        names = [name for name, _ in self.deviation_arms() + self.ask_arms()]
+        anchored = [anchored_arm(self.recompute_seam)] if self.anchored else []
+        return names + anchored + [name for name, _ in self.anchored_ask_arms()]
 
 
 def unrotated(engine: Engine, skill: Skill, at: int) -> Skill:
@@ -140,9 +163,13 @@ def _timed_compose(
 
 
 @torch.inference_mode()
-def run_item(engine: Engine, skill: Skill, item: Item, arms: ArmSet) -> ItemResult:
+def run_item(
+    engine: Engine, skill: Skill, item: Item, arms: ArmSet, anchored: Skill | None = None
+) -> ItemResult:
     """Every arm on ``item``; even items time the full prefill first, odd ones last, so
-    neither arm always runs on a warmer machine."""
+    neither arm always runs on a warmer machine. ``anchored``: the skill compiled after the
+    anchor, for ``arms.anchored``."""
+    assert (anchored is not None) == arms.anchored, "the anchored arm needs its skill"
     prefix = SessionCache(engine)
     t0 = time.perf_counter()
     prefix.prefill(item.prefix)
@@ -172,6 +199,15 @@ def run_item(engine: Engine, skill: Skill, item: Item, arms: ArmSet) -> ItemResu
             logits[name], seconds[name], paths[name] = ask_compose(
                 prefix, skill, arms.recompute_seam, item.question, ratio
             )
+        if anchored is not None:
+            name = anchored_arm(arms.recompute_seam)
+            logits[name], seconds[name], paths[name] = _timed_compose(
+                prefix, anchored, arms.recompute_seam, item.question
+            )
+            for name, ratio in arms.anchored_ask_arms():
+                logits[name], seconds[name], paths[name] = ask_compose(
+                    prefix, anchored, arms.recompute_seam, item.question, ratio
+                )
         name = control_arm(arms.control_seam)
         control = unrotated(engine, skill, at)
         logits[name], seconds[name], paths[name] = _timed_compose(

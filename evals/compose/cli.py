@@ -23,7 +23,8 @@ a system prompt and some conversation, then a question prefilled fresh. Arms: fu
 recompute (the reference), compose with K = 0, 1, 4, 16, 64, compose K = 16 with selective
 recompute of 15% of the block (--recompute-ratios: the tokens whose KV deviates most in
 context at an early layer, after CacheBlend) and of the same share chosen by the question's
-attention (--ask-ratios, an eval arm), a no-rotation control and no skill at all.
+attention (--ask-ratios, an eval arm), the skill compiled after an anchor such as the chat
+template's header (--anchor), a no-rotation control and no skill at all.
 Per arm, on the next-token logits after the question: KL(full || arm), raw and centred
 cosine, argmax agreement and the probability of the designated answer token (the routed
 team, the passage's fact, the right tool's name), also as a table per kind; TTFT of
@@ -117,7 +118,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{','.join(map(str, DEFAULT_RATIOS))}; also in --fast)",
     )
     parser.add_argument(
-        "--recompute-seam", type=int, default=16, help="K of the recompute arms (default 16)"
+        "--recompute-seam",
+        type=int,
+        default=16,
+        help="K of the recompute and anchored arms (default 16)",
+    )
+    parser.add_argument(
+        "--anchor",
+        default="template",
+        help="anchored arm: the skill compiled after this text, its KV dropped; 'template' "
+        "(default): what the chat template puts before a user message; 'none': no such arm",
     )
     parser.add_argument(
         "--items",
@@ -188,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         recompute_seam=args.recompute_seam,
         ratios=args.recompute_ratios,
         ask_ratios=args.ask_ratios,
+        anchor=args.anchor,
     )
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, args.threads))

@@ -28,6 +28,11 @@ ARMS_TEXT = """\
   recomputed the same way, chosen instead by the attention the question's queries give each
   block token in the seam-only compose (summed over layers and heads): recompute what the
   question needs. It needs the question at compose time and one extra question forward.
+- `anchored_kK`: the plain compose of the skill compiled after an anchor (the run's
+  `anchor` in the configuration; by default what the chat template puts before a user
+  message's content) whose KV is dropped, so the block does not start a sequence of its
+  own: `compile_skill(..., anchor=...)`. `anchored_kK_askP`: question-aware recompute on
+  that skill.
 - `norot_kK` (control): the same compose of a skill whose keys were pre-rotated by `-at`, so
   COMPOSE's rotation by `at` brings them back to the positions they were computed at: the
   skill's KV copied without rotation, seam repaired as usual.
@@ -133,7 +138,11 @@ def memory_table(rows: list[dict[str, Any]]) -> str:
 
 
 def sections(summary: dict[str, Any], arms: list[str], seams: list[int]) -> list[tuple[str, str]]:
-    out = [("Targets (issue 13, K = 16)", targets_table(summary["targets"])), ("Arms", ARMS_TEXT)]
+    out = [("Targets (issue 13, K = 16)", targets_table(summary["targets"]))]
+    if summary.get("anchored_targets"):
+        anchored = targets_table(summary["anchored_targets"])
+        out.append(("The same targets for the anchored compile", anchored))
+    out.append(("Arms", ARMS_TEXT))
     shown = [FULL, *[a for a in arms if a not in (FULL, NO_SKILL)], NO_SKILL]
     for kind in dict.fromkeys(c["kind"] for c in summary["cells"]):
         note = (

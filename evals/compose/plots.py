@@ -52,12 +52,10 @@ def plot_kl_by_seam(summary: dict[str, Any], path: Path) -> None:
             xs = list(range(len(seams)))
             ys = [max(cell["arms"][compose_arm(s)]["kl"]["mean"], 1e-6) for s in seams]
             ax.plot(xs, ys, marker="o", color=f"C{i}", label=f"{cell['tokens']} tokens")
-            for arm in (a for a in cell["arms"] if "_dev" in a or "_ask" in a):  # recompute
-                at = int(arm.removeprefix("compose_k").split("_")[0])
+            for arm, at, marker in _past_plain(cell["arms"]):
                 if at in seams:
                     ax.plot(seams.index(at), max(cell["arms"][arm]["kl"]["mean"], 1e-6),
-                            "D" if "_dev" in arm else "^", ms=6, mfc="none",
-                            color=f"C{i}")  # fmt: skip
+                            marker, ms=6, mfc="none", color=f"C{i}")  # fmt: skip
             control = next(a for a in cell["arms"] if a.startswith("norot_k"))
             control_seam = int(control.removeprefix("norot_k"))
             if control_seam in seams:
@@ -69,11 +67,26 @@ def plot_kl_by_seam(summary: dict[str, Any], path: Path) -> None:
         ax.set_yscale("log")
         ax.set_ylabel("mean KL(full || arm), nats")
         ax.set_title(
-            f"{kind} (x: no rotation; diamond: deviation, triangle: question-aware)",
-            fontsize=10,
+            f"{kind} (x: no rotation; diamond: deviation,\n"
+            "triangle: question-aware, square: anchored, plus: both)",
+            fontsize=9,
         )
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _past_plain(arms: Any) -> list[tuple[str, int, str]]:
+    """(arm, its K, marker) of the arms past the plain compose: deviation, question-aware
+    recompute and the anchored compile."""
+    out = []
+    for arm in arms:
+        if arm.startswith("anchored_k"):
+            at = int(arm.removeprefix("anchored_k").split("_")[0])
+            out.append((arm, at, "P" if "_ask" in arm else "s"))
+        elif arm.startswith("compose_k") and ("_dev" in arm or "_ask" in arm):
+            at = int(arm.removeprefix("compose_k").split("_")[0])
+            out.append((arm, at, "D" if "_dev" in arm else "^"))
+    return out

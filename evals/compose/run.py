@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,17 @@ from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.models import load_model
 from leyline.server_adapter.skills import Skill, compile_skill
 
-from .arms import FULL, NO_SKILL, ArmSet, ItemResult, compose_arm, control_arm, run_item
+from .anchor import NONE, TEMPLATE, anchor_text
+from .arms import (
+    FULL,
+    NO_SKILL,
+    ArmSet,
+    ItemResult,
+    anchored_arm,
+    compose_arm,
+    control_arm,
+    run_item,
+)
 from .cases import CONTEXT_RESERVE, Item, make_items, make_skill
 from .markdown import sections
 from .plots import plot_kl_by_seam, plot_ttft
@@ -43,12 +53,16 @@ class ComposeOptions:
     """Deviation ratios: one ``compose_k{recompute_seam}_dev{P}`` arm each."""
     ask_ratios: tuple[float, ...] = ()
     """Question-aware ratios: one ``compose_k{recompute_seam}_ask{P}`` arm each."""
+    anchor: str | None = TEMPLATE
+    """The ``anchored_k{recompute_seam}`` arm's anchor (``anchor.anchor_text``); ``none``
+    or None: no such arm."""
 
     @property
     def arm_set(self) -> ArmSet:
         return ArmSet(
-            self.seams, self.control_seam, self.recompute_seam, self.ratios, self.ask_ratios
-        )
+            self.seams, self.control_seam, self.recompute_seam, self.ratios, self.ask_ratios,
+            anchored=self.anchor not in (None, NONE),
+        )  # fmt: skip
 
     @property
     def arms(self) -> list[str]:
@@ -73,9 +87,10 @@ def _engine(model: str) -> Engine:
 
 
 def _work(
-    engine: Engine, options: ComposeOptions, memory: list[dict[str, Any]]
-) -> Iterator[tuple[Skill, Item]]:
-    """Each (skill, item) in order; a skill is compiled (and its memory noted) on first use."""
+    engine: Engine, options: ComposeOptions, memory: list[dict[str, Any]], anchor: Sequence[int]
+) -> Iterator[tuple[Skill, Skill | None, Item]]:
+    """Each (skill, anchored skill or None, item) in order; a skill is compiled (and its
+    memory noted) on first use, after ``anchor`` too when there is one."""
     limit = engine.limits.max_session_tokens or 1 << 30
     for requested in options.lengths:
         for kind in options.kinds:
@@ -94,9 +109,17 @@ def _work(
                     "compile_seconds": time.perf_counter() - t0,
                 }
             )
+            anchored = None
+            if anchor:
+                t0 = time.perf_counter()
+                anchored = compile_skill(
+                    engine, case.tokens, skill_id=f"{kind}-{requested}-anchored",
+                    tenant="eval", anchor=anchor,
+                )  # fmt: skip
+                memory[-1]["anchored_compile_seconds"] = time.perf_counter() - t0
             for item in make_items(case, options.items, engine.encode, options.seed):
-                yield skill, item
-            del skill
+                yield skill, anchored, item
+            del skill, anchored
 
 
 def _record(result: ItemResult, engine: Engine) -> dict[str, Any]:
@@ -130,10 +153,12 @@ def run_compose_eval(options: ComposeOptions) -> Path:
     engine.forward((), engine.encode("Warm up the allocator and the kernels."))
     memory: list[dict[str, Any]] = []
     total = len(options.lengths) * len(options.kinds) * options.items
+    anchor = anchor_text(options.anchor, engine.tokenizer)
+    anchor_ids = tuple(engine.encode(anchor)) if anchor else ()
     results = [
-        run_item(engine, skill, item, options.arm_set)
-        for skill, item in progress(
-            _work(engine, options, memory),
+        run_item(engine, skill, item, options.arm_set, anchored)
+        for skill, anchored, item in progress(
+            _work(engine, options, memory, anchor_ids),
             desc="compose items",
             total=total,
             enabled=options.progress,
@@ -148,6 +173,11 @@ def run_compose_eval(options: ComposeOptions) -> Path:
         "ttft": ttft_rows,
         "memory": memory,
         "targets": targets(cell_list, ttft_rows, options.control_seam),
+        "anchored_targets": targets(
+            cell_list, ttft_rows, options.control_seam, anchored_arm(options.recompute_seam)
+        )
+        if options.arm_set.anchored
+        else [],
         "all_finite": all(a.finite for r in results for a in r.agreement.values()),
         "fallbacks": sum(p != "splice" for r in results for p in r.paths.values()),
     }
@@ -161,6 +191,8 @@ def run_compose_eval(options: ComposeOptions) -> Path:
         "recompute_seam": options.recompute_seam,
         "recompute_ratios": ",".join(f"{r:g}" for r in options.ratios),
         "ask_ratios": ",".join(f"{r:g}" for r in options.ask_ratios),
+        "anchor": anchor,
+        "anchor_tokens": len(anchor_ids),
         "items_per_kind_and_length": options.items,
         "seed": options.seed,
         "fast": options.fast,

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from leyline.cli.main import main
+from leyline.evals.compose.anchor import anchor_text
 from leyline.evals.compose.arms import unrotated
 from leyline.evals.compose.cases import answer_token, make_items, make_skill
 from leyline.evals.compose.question import ask_compose
@@ -164,8 +165,24 @@ def test_fast_run(fast_report: dict[str, Any]) -> None:
     assert set(p_rows) == {"policy", "tools"} and "compose_k16_dev15" in p_rows["tools"]["arms"]
     (row,) = summary["ttft"]
     assert row["repeats"] == 4 and row["compose"]["0"]["cached"] < row["full"]["cached"]
-    assert set(row["recompute"]) == {"compose_k16_dev15", "compose_k16_ask15"}
+    assert set(row["recompute"]) == {
+        "compose_k16_dev15",
+        "compose_k16_ask15",
+        "anchored_k16",
+        "anchored_k16_ask15",
+    }
     assert [t["met"] for t in summary["targets"]][-1] is None  # no 4k in --fast
+    # The anchored compile (default: the chat template's header before a user message).
+    assert config["anchor"].startswith("<|im_start|>system\n") and config["anchor_tokens"] > 5
+    assert all(m["anchored_compile_seconds"] > 0 for m in summary["memory"])
+    first = summary["anchored_targets"][0]["target"]
+    assert first == "policy: mean KL at anchored_k16, worst length"
+    for kind in ("policy", "tools"):
+        mine = [r for r in records if r["kind"] == kind]
+        assert _kl(mine, "anchored_k16") < _kl(mine, "compose_k0")
+    # Measured: the tool spec's KL halves (0.146 -> 0.074) when the block is compiled after
+    # a sequence start instead of being one.
+    assert _kl(tools, "anchored_k16") < 0.75 * _kl(tools, "compose_k16")
     assert {m["nbytes"] for m in summary["memory"]} and all(
         m["nbytes"] == m["tokens"] * 30 * 2 * 3 * 64 * 4 for m in summary["memory"]
     )  # SmolLM2: 30 layers x (K, V) x 3 KV heads x 64 dims x fp32
@@ -196,3 +213,22 @@ def test_the_reference_is_a_plain_forward(fast_report: dict[str, Any]) -> None:
     assert (int(logits.argmax()) == record["answer_token"]) == record["arms"]["full"][
         "answer_is_argmax"
     ]
+
+
+class _Template:
+    """A stand-in chat template: ``<s>[user] {content} [/user]``, or one that rewrites it."""
+
+    def __init__(self, rewrite: bool = False) -> None:
+        self.rewrite = rewrite
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> str:
+        content = messages[0]["content"]
+        return "<s>[user] " + (content[::-1] if self.rewrite else content) + " [/user]"
+
+
+def test_the_default_anchor_is_what_the_template_puts_before_the_content() -> None:
+    assert anchor_text("template", _Template()) == "<s>[user] "
+    assert anchor_text("none", _Template()) == anchor_text(None, _Template()) == ""
+    assert anchor_text("Context: ", _Template()) == "Context: "
+    with pytest.raises(ValueError, match="verbatim"):
+        anchor_text("template", _Template(rewrite=True))

@@ -472,3 +472,56 @@ def test_a_compose_next_to_a_splice_in_one_batch_equals_the_two_in_turn(mla: Eng
     got = torch.log_softmax(batched.next_token_logits().double(), -1)
     want = torch.log_softmax(sequential.next_token_logits().double(), -1)
     assert float((got - want).abs().max()) < 1e-4
+
+
+# -- (e) an anchored skill: compiled after context tokens whose KV it drops ---------------
+
+
+@pytest.mark.parametrize("where", ["anchor", "elsewhere"])
+def test_an_anchored_skill_composed_after_its_anchor_is_a_fresh_prefill(
+    case: tuple[str, Engine], where: str
+) -> None:
+    """Composed right after the very tokens it was compiled after, the block saw exactly its
+    real context: the compose (K = 0) must equal a prefill of anchor + skill, keys included
+    (the rotation back by -len(anchor) and forward by +at cancel). Anywhere else the block
+    lands as the definition says, rotated from "compiled at 0"."""
+    name, engine = case
+    tokens, skill_tokens, suffix = _texts(name, engine)
+    anchor = tokens[:12]
+    skill = compile_skill(engine, skill_tokens, skill_id="s", tenant="t", anchor=anchor)
+    plain = compile_skill(engine, skill_tokens, skill_id="p", tenant="t")
+    assert skill.anchor == tuple(anchor) and len(skill) == len(skill_tokens)
+    assert skill.content_hash != plain.content_hash and skill.nbytes == plain.nbytes
+    slot, pairing = ROPE_BAND[name]
+    at = len(anchor) if where == "anchor" else len(tokens)
+    session = SessionCache(engine)
+    session.prefill(tokens[:at])
+    session.compose(skill, at, seam_tokens=0)
+    composed = list(tokens[:at]) + skill_tokens
+    fresh = prefill_at(engine.model, list(anchor) + skill_tokens, 0)
+    for got, want in zip(session.kv, fresh, strict=True):
+        for s in range(2):
+            block = got[s][..., at:, :]
+            expected = want[s][..., len(anchor) :, :]
+            if s == slot:  # the independent rotation: compiled after the anchor, moved
+                expected = _rotate(expected, at - len(anchor), _theta(engine.model), pairing)
+            assert rel_err(block, expected) <= 1e-5, (where, s)
+    if where == "anchor":
+        session.extend(suffix)
+        reference = engine.forward((), composed + suffix)[1]
+        assert top_logprob_gap(reference, session.next_token_logits()) <= TOL
+
+
+def test_an_anchor_changes_what_the_block_holds(mla: Engine) -> None:
+    """The anchor is seen: an anchored block's values differ from the plain compile's (a
+    compile that ignored the anchor would pass the test above at at == 0 only)."""
+    tokens = random_tokens(16, mla.vocab_size, 12)
+    plain = compile_skill(mla, tokens, skill_id="p", tenant="t")
+    anchored = compile_skill(mla, tokens, skill_id="a", tenant="t", anchor=[5, 6, 7])
+    assert not torch.allclose(plain.kv[-1][0], anchored.kv[-1][0], atol=1e-3)
+
+
+def test_an_anchor_outside_the_vocabulary_is_refused(mla: Engine) -> None:
+    with pytest.raises(LeylineError) as err:
+        compile_skill(mla, [1, 2, 3], skill_id="s", tenant="t", anchor=[mla.vocab_size])
+    assert err.value.code is ErrorCode.invalid_directive
