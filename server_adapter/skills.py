@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from leyline.protocol.errors import ErrorCode, LeylineError
 
 from .forward import kv_length
-from .kv_blocks import KVCache, kv_nbytes
+from .kv_blocks import KVCache, kv_nbytes, slice_block
 from .rope import delta_rotate
 
 if TYPE_CHECKING:
@@ -129,15 +129,21 @@ def compile_skill(
 
 
 def _drop_anchor(engine: Engine, kv: KVCache, n: int) -> KVCache:
-    """The KV of positions ``[n, ...)`` as if computed at ``[0, ...)``: sliced (a copy, so
-    the anchor's memory is freed) and the keys' rope band rotated by ``-n``."""
+    """The KV of positions ``[n, ...)`` as if computed at ``[0, ...)``: copied out (so the
+    anchor's memory is freed) and the keys' rope band rotated by ``-n``."""
+    return rotate_keys(engine, slice_block(kv, n, kv_length(kv) - n, seq_dim=-2), -n)
+
+
+def rotate_keys(engine: Engine, kv: KVCache, delta: int) -> KVCache:
+    """``kv`` with the keys' rope band turned by ``delta`` positions (new tensors); every
+    other tensor (values, MLA latents) is ``kv``'s own."""
     layout, rope = engine.layout, engine.rope
-    assert layout is not None and rope is not None
+    assert layout is not None and rope is not None, engine.splice_refusal
     return tuple(
         tuple(
-            delta_rotate(t[..., n:, :], -n, rope.inv_freq, layout.pairing, offset=layout.offset)
+            delta_rotate(t, delta, rope.inv_freq, layout.pairing, offset=layout.offset)
             if slot == layout.slot
-            else t[..., n:, :].contiguous()
+            else t
             for slot, t in enumerate(layer)
         )
         for layer in kv

@@ -34,9 +34,8 @@ from dataclasses import dataclass
 import torch
 
 from leyline.server_adapter.engine import Engine
-from leyline.server_adapter.rope import delta_rotate
 from leyline.server_adapter.session import SessionCache
-from leyline.server_adapter.skills import Skill
+from leyline.server_adapter.skills import Skill, rotate_keys
 
 from .cases import Item
 from .measures import Agreement, compare
@@ -119,18 +118,7 @@ def unrotated(engine: Engine, skill: Skill, at: int) -> Skill:
     everything outside the band) are untouched, and the seam is prefilled as in any
     compose, so the only difference from ``compose_k{K}`` is the missing rotation.
     """
-    layout, rope = engine.layout, engine.rope
-    assert layout is not None and rope is not None, engine.splice_refusal
-
-    def layer(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        return tuple(
-            delta_rotate(t, -at, rope.inv_freq, layout.pairing, offset=layout.offset)
-            if slot == layout.slot
-            else t
-            for slot, t in enumerate(tensors)
-        )
-
-    return dataclasses.replace(skill, kv=tuple(layer(tensors) for tensors in skill.kv))
+    return dataclasses.replace(skill, kv=rotate_keys(engine, skill.kv, -at))
 
 
 @dataclass(frozen=True, slots=True)
