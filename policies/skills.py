@@ -23,7 +23,11 @@ tokens there and sends the text instead, saying why in the call record. Register
 the conversation's real opening as ``context`` is the fix when the default context is
 refused or renders differently.
 
-Skill ids come from the name and the block (``rules-<sha256 prefix>``): the same text gives
+``anchored=True`` also sends the tokens before the block in that rendering as the skill's
+``anchor``: the server compiles the block after them instead of alone, so the block does not
+play the start of a sequence (servers whose capabilities say ``skill_anchors``).
+
+Skill ids come from the name and the block (and the anchor, when sent): the same text gives
 the same id and content hash in every library and process (registering it again recomputes
 nothing on the server), and a changed text gets a new id instead of replacing a block other
 sessions are composing.
@@ -39,7 +43,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from leyline.protocol.client import AsyncLeylineClient, LeylineClient
 from leyline.protocol.resources import Message as WireMessage
-from leyline.protocol.resources import SkillInfo, TokenizeResponse
+from leyline.protocol.resources import SkillAnchor, SkillInfo, TokenizeResponse
 
 from .errors import SkillError
 from .messages import ROLES, Message, canonical_json, content_text
@@ -84,10 +88,11 @@ class _Registration:
     message: dict[str, object]
     context: tuple[Message, ...]
     seam_tokens: int
+    anchored: bool = False
 
     @property
     def context_key(self) -> str:
-        return canonical_json([dict(m) for m in self.context])
+        return canonical_json([dict(m) for m in self.context]) + ("+anchored" * self.anchored)
 
     def rendering(self) -> list[WireMessage]:
         """``[*context, message]`` for ``POST /tokenize`` (JSON values only)."""
@@ -96,8 +101,13 @@ class _Registration:
         except ValidationError as exc:
             raise SkillError(self.name, f"the messages are not JSON: {exc}") from None
 
-    def block(self, rendered: TokenizeResponse) -> tuple[int, ...]:
-        return block_of(rendered, len(self.context), self.name)
+    def upload(self, rendered: TokenizeResponse) -> _Upload:
+        """What to send ``POST /skills`` for the server's rendering of ``[*context, message]``:
+        the block, and as its anchor (when ``anchored``) every token before it."""
+        tokens = block_of(rendered, len(self.context), self.name)
+        lead = tuple(rendered.tokens[: block_start(rendered, len(self.context))])
+        anchor = lead if self.anchored else ()
+        return _Upload(skill_id(self.name, tokens, anchor), tokens, anchor)
 
     def entry(self, tokens: tuple[int, ...], info: SkillInfo) -> SkillEntry:
         if info.num_tokens != len(tokens):
@@ -107,6 +117,16 @@ class _Registration:
         return SkillEntry(
             self.name, info.skill, self.message, tokens, info, self.context_key, self.seam_tokens
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Upload:
+    skill: str
+    tokens: tuple[int, ...]
+    anchor: tuple[int, ...]
+
+    def anchor_body(self) -> SkillAnchor | None:
+        return SkillAnchor(tokens=list(self.anchor)) if self.anchor else None
 
 
 _WIRE: TypeAdapter[list[WireMessage]] = TypeAdapter(list[WireMessage])
@@ -119,6 +139,10 @@ class SkillSet:
         context: the messages a skill message is rendered after when registered.
         seam_tokens: leading block tokens the server recomputes in context (per compose).
         model: the model to bind skills to (None: the server's default).
+        anchored: have the server compile each block after the rendered ``context`` (a
+            skill ``anchor``) instead of alone, so the block does not play the start of a
+            sequence: closer to a prefill where it follows such a context. Needs a server
+            whose capabilities say ``skill_anchors`` (else registering is refused).
     """
 
     def __init__(
@@ -127,8 +151,10 @@ class SkillSet:
         context: Sequence[Message] = DEFAULT_SKILL_CONTEXT,
         seam_tokens: int = 4,
         model: str | None = None,
+        anchored: bool = False,
     ) -> None:
         self.context, self.seam_tokens, self.model = tuple(context), seam_tokens, model
+        self.anchored = anchored
         self._by_name: dict[str, SkillEntry] = {}
         self._by_id: dict[str, SkillEntry] = {}
 
@@ -183,6 +209,7 @@ class SkillSet:
             skill_message(name, role, text, fields),
             tuple(self.context if context is None else context),
             self.seam_tokens if seam_tokens is None else seam_tokens,
+            self.anchored,
         )
 
     def _cached(self, request: _Registration) -> SkillEntry | None:
@@ -230,16 +257,25 @@ def block_of(rendered: TokenizeResponse, index: int, name: str) -> tuple[int, ..
             f"the server's rendering has {len(spans)} message spans for {index + 1} "
             "messages (its template cannot be split per message), so no block can be cut",
         )
-    start = spans[index - 1].end if index else spans[0].start
-    tokens = tuple(rendered.tokens[start : spans[index].end])
+    tokens = tuple(rendered.tokens[block_start(rendered, index) : spans[index].end])
     if not tokens:
         raise SkillError(name, "the message renders to no tokens")
     return tokens
 
 
-def skill_id(name: str, tokens: Sequence[int]) -> str:
-    """``name-<16 hex>``: same name and block, same id; another block, another id."""
+def block_start(rendered: TokenizeResponse, index: int) -> int:
+    """Where message ``index``'s block starts: the end of the message before it (the first
+    message's own start), so a separator between messages goes with the block."""
+    return rendered.spans[index - 1].end if index else rendered.spans[0].start
+
+
+def skill_id(name: str, tokens: Sequence[int], anchor: Sequence[int] = ()) -> str:
+    """``name-<16 hex>``: same name, block and anchor, same id; another block or anchor,
+    another id (so libraries with other contexts never replace each other's blocks)."""
     digest = hashlib.sha256(b"".join(int(t).to_bytes(8, "little", signed=True) for t in tokens))
+    if anchor:
+        digest.update(b"\0anchor")
+        digest.update(b"".join(int(t).to_bytes(8, "little", signed=True) for t in anchor))
     return f"{name[:_ID_NAME_CHARS]}-{digest.hexdigest()[:16]}"
 
 
@@ -257,8 +293,9 @@ class SkillLibrary(SkillSet):
         context: Sequence[Message] = DEFAULT_SKILL_CONTEXT,
         seam_tokens: int = 4,
         model: str | None = None,
+        anchored: bool = False,
     ) -> None:
-        super().__init__(context=context, seam_tokens=seam_tokens, model=model)
+        super().__init__(context=context, seam_tokens=seam_tokens, model=model, anchored=anchored)
         self.client = client
 
     def register(
@@ -286,15 +323,16 @@ class SkillLibrary(SkillSet):
         request = self._registration(name, text, role, context, seam_tokens, fields)
         if (cached := self._cached(request)) is not None:
             return cached
-        tokens = request.block(self.client.tokenize(messages=request.rendering()))
+        upload = request.upload(self.client.tokenize(messages=request.rendering()))
         info = self.client.create_skill(
-            skill_id(name, tokens),
-            tokens=tokens,
+            upload.skill,
+            tokens=upload.tokens,
             model=self.model,
             name=name[:256],
             description=description,
+            anchor=upload.anchor_body(),
         )
-        return self._remember(request.entry(tokens, info))
+        return self._remember(request.entry(upload.tokens, info))
 
 
 class AsyncSkillLibrary(SkillSet):
@@ -308,8 +346,9 @@ class AsyncSkillLibrary(SkillSet):
         context: Sequence[Message] = DEFAULT_SKILL_CONTEXT,
         seam_tokens: int = 4,
         model: str | None = None,
+        anchored: bool = False,
     ) -> None:
-        super().__init__(context=context, seam_tokens=seam_tokens, model=model)
+        super().__init__(context=context, seam_tokens=seam_tokens, model=model, anchored=anchored)
         self.client = client
 
     async def register(
@@ -327,12 +366,13 @@ class AsyncSkillLibrary(SkillSet):
         request = self._registration(name, text, role, context, seam_tokens, fields)
         if (cached := self._cached(request)) is not None:
             return cached
-        tokens = request.block(await self.client.tokenize(messages=request.rendering()))
+        upload = request.upload(await self.client.tokenize(messages=request.rendering()))
         info = await self.client.create_skill(
-            skill_id(name, tokens),
-            tokens=tokens,
+            upload.skill,
+            tokens=upload.tokens,
             model=self.model,
             name=name[:256],
             description=description,
+            anchor=upload.anchor_body(),
         )
-        return self._remember(request.entry(tokens, info))
+        return self._remember(request.entry(upload.tokens, info))

@@ -22,6 +22,7 @@ from .resources import (
     Routes,
     SessionCreate,
     SessionInfo,
+    SkillAnchor,
     SkillCreate,
     SkillInfo,
     SkillList,
@@ -140,6 +141,7 @@ def create_skill(
     model: str | None,
     name: str | None,
     description: str | None,
+    anchor: SkillAnchor | None = None,
 ) -> Call[SkillInfo]:
     body = SkillCreate(
         skill=skill,
@@ -149,6 +151,7 @@ def create_skill(
         tokens=list(tokens) if tokens is not None else None,
         name=name,
         description=description,
+        anchor=anchor,
     )
     return Call("POST", Routes.skills, _SKILL, body)
 

@@ -67,6 +67,11 @@ class Capabilities(BaseModel):
         description="Recompute modes compose executes (with compose in verbs); another mode "
         "is refused with unsupported_option.",
     )
+    skill_anchors: bool = Field(
+        default=False,
+        description="With compose: a skill may be registered with an anchor, context tokens "
+        "its block is compiled after (false: an anchor is unsupported_option).",
+    )
 
 
 def parse_version(version: str) -> tuple[int, int]:

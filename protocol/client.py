@@ -17,7 +17,7 @@ from ._calls import Call, LeylineHTTPError
 from .capabilities import Capabilities
 from .directives import Directive
 from .envelope import LeylineResponse, RequestOptions
-from .resources import Message, SessionInfo, SkillInfo, TokenizeResponse
+from .resources import Message, SessionInfo, SkillAnchor, SkillInfo, TokenizeResponse
 
 __all__ = ["AsyncLeylineClient", "LeylineClient", "LeylineHTTPError"]
 
@@ -85,9 +85,11 @@ class LeylineClient:
         model: str | None = None,
         name: str | None = None,
         description: str | None = None,
+        anchor: SkillAnchor | None = None,
     ) -> SkillInfo:
-        """Register a skill from exactly one of text, messages or token ids."""
-        call = _calls.create_skill(skill, text, messages, tokens, model, name, description)
+        """Register a skill from exactly one of text, messages or token ids (its block
+        compiled after ``anchor``'s tokens when given: see ``SkillCreate.anchor``)."""
+        call = _calls.create_skill(skill, text, messages, tokens, model, name, description, anchor)
         return self._run(call)
 
     def get_skill(self, skill: str, *, include_tokens: bool = False) -> SkillInfo:
@@ -187,9 +189,11 @@ class AsyncLeylineClient:
         model: str | None = None,
         name: str | None = None,
         description: str | None = None,
+        anchor: SkillAnchor | None = None,
     ) -> SkillInfo:
-        """Register a skill from exactly one of text, messages or token ids."""
-        call = _calls.create_skill(skill, text, messages, tokens, model, name, description)
+        """Register a skill from exactly one of text, messages or token ids (its block
+        compiled after ``anchor``'s tokens when given: see ``SkillCreate.anchor``)."""
+        call = _calls.create_skill(skill, text, messages, tokens, model, name, description, anchor)
         return await self._run(call)
 
     async def get_skill(self, skill: str, *, include_tokens: bool = False) -> SkillInfo:

@@ -22,7 +22,7 @@ from .client import LeylineClient
 from .directives import Mode, Verb
 from .envelope import ComposedBlock, LeylineResponse
 from .errors import ErrorCode, ErrorEnvelope, LeylineError
-from .resources import Routes, SessionInfo, skill_content_hash
+from .resources import Routes, SessionInfo, SkillAnchor, skill_content_hash
 
 _TEXT = (
     "The quick brown fox jumps over the lazy dog while the cat watches from the warm "
@@ -56,6 +56,7 @@ class ConformanceSuite:
             headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
         )
         self.verbs: set[Verb] = set()
+        self.skill_anchors = False
 
     def checks(self) -> list[tuple[str, Callable[[], None]]]:
         return [
@@ -70,6 +71,7 @@ class ConformanceSuite:
             ("bad batches: typed errors, nothing changed", self.check_rejections),
             ("unsupported verbs are refused, never ignored", self.check_unsupported),
             ("compose inserts a registered skill", self.check_compose),
+            ("skill anchors are honoured or refused", self.check_skill_anchor),
             ("a pin refuses edits that touch it and moves with others", self.check_retention),
             ("deleted sessions are gone", self.check_delete),
             ("schema is served", self.check_schema),
@@ -163,6 +165,7 @@ class ConformanceSuite:
             f"server speaks {caps.protocol_version}, suite {PROTOCOL_VERSION}",
         )
         self.verbs = set(caps.verbs)
+        self.skill_anchors = caps.skill_anchors
         _expect(
             Verb.splice in self.verbs or Verb.forget in self.verbs,
             "the server executes neither splice nor forget",
@@ -284,12 +287,52 @@ class ConformanceSuite:
             finally:
                 with suppress(LeylineError):
                     self.client.delete_skill(skill)
+        self._expect_no_skill(skill, "a deleted skill is still there")
+
+    def check_skill_anchor(self) -> None:
+        """Where compose is advertised: a skill with an anchor is registered as the anchored
+        block (its own content hash) when ``skill_anchors`` is advertised, else refused
+        with ``unsupported_option`` and not kept."""
+        if Verb.compose not in self.verbs:
+            return
+        skill = f"conformance-{uuid.uuid4().hex[:10]}"
+        with self._session() as info:
+            assert info.tokens is not None
+            lead, block = info.tokens[:2], info.tokens[2:7]
+            if not self.skill_anchors:
+                try:
+                    self.client.create_skill(skill, tokens=block, anchor=SkillAnchor(tokens=lead))
+                except LeylineError as exc:
+                    _expect(exc.code is ErrorCode.unsupported_option, f"got {exc.code}")
+                    self._expect_no_skill(skill, "a refused anchored skill was kept")
+                    return
+                with suppress(LeylineError):
+                    self.client.delete_skill(skill)
+                raise _Failed("an anchor was accepted where skill_anchors is false")
+            made = self.client.create_skill(skill, tokens=block, anchor=SkillAnchor(tokens=lead))
+            try:
+                _expect(made.num_tokens == len(block), f"num_tokens {made.num_tokens}")
+                _expect(made.anchor_tokens == len(lead), f"anchor_tokens {made.anchor_tokens}")
+                _expect(
+                    made.content_hash == skill_content_hash(made.model, block, lead)
+                    and made.content_hash != skill_content_hash(made.model, block),
+                    "content_hash is not skill_content_hash(model, tokens, anchor)",
+                )
+                got = self.client.get_skill(skill, include_tokens=True)
+                _expect(got.tokens == block and got.anchor == lead, "tokens or anchor differ")
+                raw = [{"verb": "compose", "skill": skill, "at": 4, "seam_tokens": 0}]
+                self._apply_and_compare(info, [Edit(4, 4, tuple(block))], raw)
+            finally:
+                with suppress(LeylineError):
+                    self.client.delete_skill(skill)
+
+    def _expect_no_skill(self, skill: str, failure: str) -> None:
         try:
             self.client.get_skill(skill)
         except LeylineError as exc:
             _expect(exc.code is ErrorCode.unknown_skill, f"got {exc.code}")
             return
-        raise _Failed("a deleted skill is still there")
+        raise _Failed(failure)
 
     def check_retention(self) -> None:
         """Only where pin is advertised (check_unsupported covers its refusal)."""

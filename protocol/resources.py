@@ -109,6 +109,24 @@ class SessionInfo(_Reply):
     )
 
 
+class SkillAnchor(_Body):
+    """Context tokens a skill's block is compiled after, then dropped (docs/protocol.md, 8).
+
+    Exactly one of ``text`` (tokenized without special tokens), ``messages`` (rendered with
+    the server's chat template, no generation prompt) or ``tokens`` (used as given): what the
+    block is expected to follow, e.g. the conversation's system prompt.
+    """
+
+    text: str | None = Field(default=None, min_length=1)
+    messages: list[Message] | None = Field(default=None, min_length=1)
+    tokens: list[TokenId] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> SkillAnchor:
+        _check_one_source(self)
+        return self
+
+
 class SkillCreate(_Body):
     """Register a skill: a block of tokens whose KV the server computes once, for compose.
 
@@ -132,6 +150,14 @@ class SkillCreate(_Body):
     text: str | None = Field(default=None, min_length=1)
     messages: list[Message] | None = Field(default=None, min_length=1)
     tokens: list[TokenId] | None = Field(default=None, min_length=1)
+    anchor: SkillAnchor | None = Field(
+        default=None,
+        description="Compile the block after these tokens instead of alone from position 0; "
+        "only the block's KV is kept (its keys rotated back to position 0), so its first "
+        "tokens do not play the start of a sequence. Served where the capabilities say "
+        "skill_anchors: true (else unsupported_option). The anchor's tokens count toward "
+        "limits.max_skill_tokens with the block's.",
+    )
     name: str | None = Field(
         default=None, min_length=1, max_length=256, description="A label for people."
     )
@@ -141,10 +167,14 @@ class SkillCreate(_Body):
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> SkillCreate:
-        given = [n for n in ("text", "messages", "tokens") if getattr(self, n) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of text, messages, tokens (got {given or 'none'})")
+        _check_one_source(self)
         return self
+
+
+def _check_one_source(body: BaseModel) -> None:
+    given = [n for n in ("text", "messages", "tokens") if getattr(body, n) is not None]
+    if len(given) != 1:
+        raise ValueError(f"give exactly one of text, messages, tokens (got {given or 'none'})")
 
 
 class SkillInfo(_Reply):
@@ -156,11 +186,18 @@ class SkillInfo(_Reply):
     num_tokens: int = Field(ge=1)
     content_hash: str = Field(
         description="sha256 hex over the model id, a zero byte and the token ids (8 bytes "
-        "each, little-endian): leyline.protocol.resources.skill_content_hash."
+        "each, little-endian), then the anchor's when there is one: "
+        "leyline.protocol.resources.skill_content_hash."
+    )
+    anchor_tokens: int = Field(
+        default=0, ge=0, description="Tokens the block was compiled after (0: none)."
     )
     name: str | None = None
     description: str | None = None
     tokens: list[TokenId] | None = Field(default=None, description="With ?tokens=true.")
+    anchor: list[TokenId] | None = Field(
+        default=None, description="The anchor's tokens, with ?tokens=true and an anchor."
+    )
 
 
 class SkillList(_Reply):
@@ -169,14 +206,23 @@ class SkillList(_Reply):
     skills: list[SkillInfo] = Field(default_factory=list)
 
 
-def skill_content_hash(model: str, tokens: Sequence[int]) -> str:
+def skill_content_hash(model: str, tokens: Sequence[int], anchor: Sequence[int] = ()) -> str:
     """A skill's ``content_hash``: sha256, hex, over the model id (UTF-8), one zero byte, and
-    each token id as 8 bytes, little-endian, signed. Same model and tokens, same hash."""
+    each token id as 8 bytes, little-endian, signed; for an anchored skill then the 7 bytes
+    ``\\0anchor`` and each anchor token id the same way. Same model, tokens and anchor, same
+    hash; an unanchored skill's hash does not depend on the anchor rule."""
     digest = hashlib.sha256(model.encode("utf-8"))
     digest.update(b"\0")  # the model id cannot run into the token bytes
-    for token in tokens:
-        digest.update(int(token).to_bytes(8, "little", signed=True))
+    _digest_ids(digest, tokens)
+    if anchor:
+        digest.update(b"\0anchor")  # 7 bytes: cannot be read as a token id
+        _digest_ids(digest, anchor)
     return digest.hexdigest()
+
+
+def _digest_ids(digest: hashlib._Hash, ids: Sequence[int]) -> None:
+    for token in ids:
+        digest.update(int(token).to_bytes(8, "little", signed=True))
 
 
 class ApplyDirectives(_Body):

@@ -105,6 +105,8 @@ class EngineBackend:
             tenants=self._tenants,
             cache_salt=True,  # the prefix cache is partitioned by salt (``open``)
             compose_recompute=self._recompute_modes,
+            # An anchored block's keys are rotated back to position 0 (``skills``).
+            skill_anchors=self.engine.layout is not None and self.engine.rope is not None,
         )
 
     @property
@@ -191,10 +193,18 @@ class EngineBackend:
         return self.skills.skill_tokens(tenant)
 
     async def register_skill(
-        self, tenant: str, skill_id: str, tokens: Sequence[int], label: SkillLabel
+        self,
+        tenant: str,
+        skill_id: str,
+        tokens: Sequence[int],
+        label: SkillLabel,
+        *,
+        anchor: Sequence[int] = (),
     ) -> SkillInfo:
         skill = await self.run(
-            lambda: self.skills.register(self.engine, tokens, skill_id=skill_id, tenant=tenant)
+            lambda: self.skills.register(
+                self.engine, tokens, skill_id=skill_id, tenant=tenant, anchor=anchor
+            )
         )
         self._labels[(tenant, skill_id)] = label
         return self._info(skill, include_tokens=False)
@@ -216,7 +226,9 @@ class EngineBackend:
             model=skill.model,
             num_tokens=len(skill.tokens),
             content_hash=skill.content_hash,
+            anchor_tokens=len(skill.anchor),
             name=label.name,
             description=label.description,
             tokens=list(skill.tokens) if include_tokens else None,
+            anchor=list(skill.anchor) if include_tokens and skill.anchor else None,
         )

@@ -18,7 +18,6 @@ skill that no running compose holds is evicted first; ``acquire``/``release`` (o
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from leyline.protocol.errors import ErrorCode, LeylineError
+from leyline.protocol.resources import skill_content_hash
 
 from .forward import kv_length
 from .kv_blocks import KVCache, kv_nbytes, slice_block
@@ -65,15 +65,8 @@ class Skill:
 
 
 def content_hash(model: str, tokens: Sequence[int], anchor: Sequence[int] = ()) -> str:
-    digest = hashlib.sha256(model.encode())
-    digest.update(b"\0")  # the label cannot run into the token bytes
-    for t in tokens:
-        digest.update(int(t).to_bytes(8, "little", signed=True))
-    if anchor:  # the unanchored hash is the protocol's skill_content_hash, unchanged
-        digest.update(b"\0anchor")  # not 8 bytes: cannot read as a token id
-        for t in anchor:
-            digest.update(int(t).to_bytes(8, "little", signed=True))
-    return digest.hexdigest()
+    """The protocol's ``skill_content_hash`` (the anchor's ids after the block's)."""
+    return skill_content_hash(model, tokens, anchor)
 
 
 def compile_skill(
@@ -249,26 +242,35 @@ class SkillStore:
     # -- writing ---------------------------------------------------------------------
 
     def register(
-        self, engine: Engine, tokens: Sequence[int], *, skill_id: str, tenant: str
+        self,
+        engine: Engine,
+        tokens: Sequence[int],
+        *,
+        skill_id: str,
+        tenant: str,
+        anchor: Sequence[int] = (),
     ) -> Skill:
-        """Compile ``tokens`` as ``skill_id`` of ``tenant`` and store it.
+        """Compile ``tokens`` (after ``anchor``) as ``skill_id`` of ``tenant`` and store it.
 
-        The same tokens again (under this id or another id of the tenant) reuse the KV
-        already computed: nothing is prefilled and the content hash is the same.
+        The same tokens and anchor again (under this id or another id of the tenant) reuse
+        the KV already computed: nothing is prefilled and the content hash is the same.
 
         Raises:
             LeylineError: see :func:`compile_skill` and :meth:`put`.
         """
         block = tuple(int(t) for t in tokens)
-        digest = content_hash(engine.loaded.label, block)
+        lead = tuple(int(t) for t in anchor)
+        digest = content_hash(engine.loaded.label, block, lead)
         with self._lock:
             same = self._find(tenant, digest)
         if same is not None and same.id == skill_id:
             return self.put(same)
         if same is not None:
-            skill = Skill(skill_id, tenant, block, same.kv, same.model, digest, same.nbytes)
+            skill = Skill(
+                skill_id, tenant, block, same.kv, same.model, digest, same.nbytes, same.anchor
+            )
         else:  # prefilled outside the lock: registering never blocks composes
-            skill = compile_skill(engine, block, skill_id=skill_id, tenant=tenant)
+            skill = compile_skill(engine, block, skill_id=skill_id, tenant=tenant, anchor=lead)
         return self.put(skill)
 
     def put(self, skill: Skill) -> Skill:

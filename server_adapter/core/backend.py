@@ -107,9 +107,16 @@ class Backend(Protocol[H]):
         ...
 
     async def register_skill(
-        self, tenant: str, skill_id: str, tokens: Sequence[int], label: SkillLabel
+        self,
+        tenant: str,
+        skill_id: str,
+        tokens: Sequence[int],
+        label: SkillLabel,
+        *,
+        anchor: Sequence[int] = (),
     ) -> SkillInfo:
-        """Compute the block's KV once (from position 0) and keep it as ``skill_id``."""
+        """Compute the block's KV once (from position 0, or after ``anchor``'s tokens when
+        the capabilities say ``skill_anchors``) and keep it as ``skill_id``."""
         ...
 
     def skill_info(self, tenant: str, skill_id: str, include_tokens: bool) -> SkillInfo:

@@ -28,6 +28,7 @@ from leyline.protocol.resources import (
     DetokenizeResponse,
     SessionCreate,
     SessionInfo,
+    SkillAnchor,
     SkillCreate,
     SkillInfo,
     SkillList,
@@ -167,6 +168,40 @@ class SessionService(Generic[H]):
                 "to one model",
                 "model",
             )
+        tokens, source = await self._skill_source(body)
+        anchor: tuple[int, ...] = ()
+        if body.anchor is not None:
+            if not caps.skill_anchors:
+                raise LeylineError(
+                    ErrorCode.unsupported_option,
+                    "this server compiles skills alone from position 0 only "
+                    "(capabilities: skill_anchors false)",
+                    "anchor",
+                )
+            anchor, field = await self._skill_source(body.anchor, "anchor.")
+            if not anchor:
+                raise LeylineError(
+                    ErrorCode.invalid_directive, "the anchor renders to no tokens", field
+                )
+        cap = self.backend.limits.max_skill_tokens
+        total = len(anchor) + len(tokens)
+        if not tokens or (cap is not None and total > cap):
+            with_anchor = f" with its {len(anchor)}-token anchor" if anchor else ""
+            raise LeylineError(
+                ErrorCode.limit_exceeded,
+                f"the skill is {total} tokens{with_anchor}; this server takes 1 to {cap or 'any'}",
+                source,
+            )
+        label = SkillLabel(body.name, body.description)
+        return await self.backend.register_skill(
+            tenant, body.skill or uuid.uuid4().hex, tokens, label, anchor=anchor
+        )
+
+    async def _skill_source(
+        self, body: SkillCreate | SkillAnchor, prefix: str = ""
+    ) -> tuple[tuple[int, ...], str]:
+        """The tokens of a skill's (or its anchor's) one source, checked against the
+        vocabulary, and the field they came from."""
         if body.messages is not None:
             messages = body.messages
             rendered = await asyncio.to_thread(
@@ -177,19 +212,11 @@ class SessionService(Generic[H]):
             tokens = await asyncio.to_thread(self.backend.encode, body.text)
         else:
             tokens = tuple(body.tokens or ())
-        source = next(n for n in ("messages", "text", "tokens") if getattr(body, n) is not None)
-        check_vocab(tokens, self.backend.vocab_size, source)
-        cap = self.backend.limits.max_skill_tokens
-        if not tokens or (cap is not None and len(tokens) > cap):
-            raise LeylineError(
-                ErrorCode.limit_exceeded,
-                f"the skill is {len(tokens)} tokens; this server takes 1 to {cap or 'any'}",
-                source,
-            )
-        label = SkillLabel(body.name, body.description)
-        return await self.backend.register_skill(
-            tenant, body.skill or uuid.uuid4().hex, tokens, label
+        source = prefix + next(
+            n for n in ("messages", "text", "tokens") if getattr(body, n) is not None
         )
+        check_vocab(tokens, self.backend.vocab_size, source)
+        return tokens, source
 
     async def get_skill(self, tenant: str, skill_id: str, include_tokens: bool) -> SkillInfo:
         self._require_skills()

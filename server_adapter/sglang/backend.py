@@ -185,7 +185,13 @@ class SglangBackend:
         return None
 
     async def register_skill(
-        self, tenant: str, skill_id: str, tokens: Sequence[int], label: SkillLabel
+        self,
+        tenant: str,
+        skill_id: str,
+        tokens: Sequence[int],
+        label: SkillLabel,
+        *,
+        anchor: Sequence[int] = (),
     ) -> SkillInfo:
         raise _no_compose()
 

@@ -24,7 +24,12 @@ from leyline.protocol.directives import (
     PinDirective,
     SpliceDirective,
 )
-from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCreate
+from leyline.protocol.resources import (
+    ApplyDirectives,
+    SessionCreate,
+    SkillCreate,
+    skill_content_hash,
+)
 from leyline.protocol.spans import MessageAnchor, TokenSpan
 from leyline.server_adapter.core.service import SessionService
 from leyline.server_adapter.core.sessions import SessionStore
@@ -37,7 +42,9 @@ from .scripted_scheduler import ScriptedScheduler
 
 pytestmark = [pytest.mark.model]
 
-LIMITS = Limits(max_directives=4, max_replacement_tokens=64, max_session_tokens=512)
+LIMITS = Limits(
+    max_directives=4, max_replacement_tokens=64, max_session_tokens=512, max_skill_tokens=256
+)
 MESSAGES: list[dict[str, Any]] = [
     {"role": "system", "content": "You are a careful assistant."},
     {"role": "user", "content": "Read the file notes.txt for me."},
@@ -283,3 +290,61 @@ def test_compose_runs_where_capabilities_say_so_and_is_refused_elsewhere(
     response = apply(service, "s", before.revision, compose)
     assert [(b.start, b.end) for b in response.composed] == [(7, 27)]
     assert state(service, "s").tokens == [*range(10, 17), *range(100, 120), *range(17, 60)]
+
+
+def test_an_anchored_skill_is_kept_with_its_anchor_or_refused_with_nothing_kept(
+    service: SessionService[Any],
+) -> None:
+    """``SkillCreate.anchor``: where the capabilities say ``skill_anchors``, the block is
+    kept with its anchor (the anchored content hash, the anchor read back); every bad
+    anchor is refused with its own code and field, and no skill is left behind."""
+    block, lead = list(range(100, 120)), list(range(30, 36))
+    body = SkillCreate(skill="anchored", tokens=block, anchor={"tokens": lead})  # type: ignore[arg-type]
+    caps = service.capabilities()
+    if Verb.compose not in caps.verbs:
+        assert code_of(lambda: run(service.create_skill(A, body))) is ErrorCode.unsupported_verb
+        return
+    assert caps.skill_anchors
+    bad_anchors = [
+        ({"tokens": [10**7]}, ErrorCode.invalid_directive, "anchor.tokens"),
+        ({"tokens": list(range(10, 10 + 500))}, ErrorCode.limit_exceeded, "tokens"),
+    ]
+    for anchor, code, field in bad_anchors:
+        bad = SkillCreate(skill="bad-anchor", tokens=block, anchor=anchor)  # type: ignore[arg-type]
+        with pytest.raises(LeylineError) as refused:
+            run(service.create_skill(A, bad))
+        assert (refused.value.code, refused.value.field) == (code, field)
+        assert code_of(lambda: run(service.get_skill(A, "bad-anchor", False))) is (
+            ErrorCode.unknown_skill
+        )
+    info = run(service.create_skill(A, body))
+    assert (info.num_tokens, info.anchor_tokens) == (20, 6)
+    assert info.content_hash == skill_content_hash(info.model, block, lead)
+    assert info.content_hash != skill_content_hash(info.model, block)
+    read = run(service.get_skill(A, "anchored", True))
+    assert read.tokens == block and read.anchor == lead
+    plain = run(service.create_skill(A, SkillCreate(skill="anchored", tokens=block)))
+    assert plain.anchor_tokens == 0 and plain.content_hash == skill_content_hash(info.model, block)
+    assert run(service.get_skill(A, "anchored", True)).anchor is None  # replaced
+
+
+def test_an_anchor_is_unsupported_where_keys_cannot_be_rotated() -> None:
+    """Dynamic NTK RoPE: an anchored block's keys cannot be turned back to position 0, so
+    the capabilities say ``skill_anchors: false`` and an anchor is ``unsupported_option``."""
+    from tests.server_adapter._helpers import tiny_llama
+
+    engine = Engine(tiny_llama({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}))
+    backend = EngineBackend(engine, limits=Limits(), model_name="tiny-dynamic")
+    try:
+        service = SessionService(backend, SessionStore(backend))
+        assert not service.capabilities().skill_anchors
+        body = SkillCreate(skill="anchored", tokens=[5, 6, 7], anchor={"tokens": [3, 4]})  # type: ignore[arg-type]
+        with pytest.raises(LeylineError) as refused:
+            run(service.create_skill(A, body))
+        assert (refused.value.code, refused.value.field) == (ErrorCode.unsupported_option, "anchor")
+        assert run(service.list_skills(A)).skills == []
+        assert (
+            run(service.create_skill(A, SkillCreate(skill="plain", tokens=[5, 6]))).num_tokens == 2
+        )
+    finally:
+        backend.shutdown()

@@ -90,6 +90,21 @@ def test_registration_is_idempotent_and_cut_from_the_servers_rendering() -> None
         library.register("bad", RULES, role="narrator")
 
 
+def test_an_anchored_library_sends_the_rendered_context_as_the_anchor() -> None:
+    server = ComposeServer()
+    plain = registered(server).get("rules")
+    anchored = SkillLibrary(server.leyline(), anchored=True)
+    entry = anchored.register("rules", RULES, role="user")
+    assert plain is not None and entry.tokens == plain.tokens  # the same block
+    rendered = render([*DEFAULT_SKILL_CONTEXT, {"role": "user", "content": RULES}])
+    sent = server.registrations[-1]
+    assert sent["anchor"] == {"tokens": rendered.tokens[: rendered.spans[0].end]}
+    assert "anchor" not in server.registrations[0] or server.registrations[0]["anchor"] is None
+    # Another anchor, another id: the two libraries never replace each other's block.
+    assert entry.skill != plain.skill and {plain.skill, entry.skill} <= set(server.skills)
+    assert anchored.register("rules", RULES, role="user") is entry  # remembered
+
+
 def test_a_new_skill_message_after_the_reply_is_composed_where_it_goes() -> None:
     server = ComposeServer()
     library = registered(server)

@@ -109,6 +109,37 @@ def test_content_hash_is_sha256_over_model_and_ids() -> None:
     assert skill_content_hash("smollm2", [12, 2]) != skill_content_hash("smollm2", [1, 22])
 
 
+def test_an_anchored_content_hash_appends_the_anchor_after_a_marker() -> None:
+    block, lead = struct.pack("<3q", 1, 22, 333), struct.pack("<2q", 7, 8)
+    expected = hashlib.sha256(b"smollm2\0" + block + b"\0anchor" + lead).hexdigest()
+    assert skill_content_hash("smollm2", [1, 22, 333], [7, 8]) == expected
+    assert skill_content_hash("smollm2", [1, 22, 333], ()) == skill_content_hash(
+        "smollm2", [1, 22, 333]
+    )
+    # Moving a token between the block and the anchor changes the hash.
+    assert skill_content_hash("smollm2", [1, 22], [333, 7, 8]) != expected
+
+
+@pytest.mark.parametrize(
+    "anchor",
+    [{}, {"text": "a", "tokens": [1]}, {"tokens": []}, {"text": ""}, {"tokens": [-1]}, {"x": 1}],
+)
+def test_a_skill_anchor_takes_exactly_one_nonempty_source(anchor: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        SkillCreate.model_validate({"tokens": [1], "anchor": anchor})
+
+
+def test_anchored_skill_bodies_validate_against_the_schema() -> None:
+    body = {"skill": "s", "text": "rules", "anchor": {"messages": [{"role": "system"}]}}
+    _validator("SkillCreate").validate(body)
+    assert SkillCreate.model_validate(body).anchor is not None
+    with pytest.raises(jsonschema.ValidationError):
+        _validator("SkillCreate").validate({"tokens": [1], "anchor": {"tokens": [1], "x": 2}})
+    info = {"skill": "s", "model": "m", "num_tokens": 3, "content_hash": "0" * 64}
+    _validator("SkillInfo").validate({**info, "anchor_tokens": 2, "anchor": [5, 6]})
+    assert SkillInfo.model_validate(info).anchor_tokens == 0
+
+
 # -- the directive ------------------------------------------------------------------------
 
 

@@ -162,6 +162,64 @@ def test_a_deviation_compose_says_what_it_recomputed_and_equals_the_engines(
     assert max(abs(lp - float(seam_only[t])) for t, lp in got.items()) > 1e-2
 
 
+def test_an_anchored_skill_composed_after_its_anchor_is_a_prefill_of_both(
+    server: Server,
+) -> None:
+    """``POST /skills`` with an anchor: the block is compiled after the anchor's tokens, so
+    composed right after those same tokens (no seam) the session is what a fresh prefill of
+    anchor + block computes; checked against transformers' own forward of that text. The
+    same block registered without an anchor is measurably further off there."""
+    from leyline.server_adapter.models import load_model
+
+    anchor = LOG.split("\n", 1)[0] + "\n"
+    with server.client() as http:
+        caps = http.get(Routes.capabilities).json()
+        assert caps["skill_anchors"] is True
+        lead = http.post(Routes.tokenize, json={"text": anchor}).json()["tokens"]
+        info = _skill(http, skill="rules-anchored", text=RULES, anchor={"text": anchor})
+        plain = _skill(http, skill="rules-alone", text=RULES)
+        full = http.get(Routes.skill.format(skill="rules-anchored"), params={"tokens": "true"})
+        block = full.json()["tokens"]
+        assert info["anchor_tokens"] == len(lead) and full.json()["anchor"] == lead
+        assert info["content_hash"] == skill_content_hash(info["model"], block, lead)
+        assert plain["content_hash"] == skill_content_hash(info["model"], block)
+        got: dict[str, dict[int, float]] = {}
+        for skill in ("rules-anchored", "rules-alone"):
+            made = _new_session(http, anchor)
+            sid = made["session"]
+            directive = {"verb": "compose", "skill": skill, "at": len(lead), "seam_tokens": 0}
+            reply = http.post(
+                Routes.directives.format(session=sid),
+                json={"base_revision": made["revision"], "directives": [directive]},
+            )
+            assert reply.status_code == 200, reply.text
+            after = http.get(Routes.session.format(session=sid), params={"tokens": "true"}).json()
+            assert after["tokens"] == lead + block
+            got[skill] = _logprobs(http, sid, lead + block + [28])
+
+    model = load_model("smollm2").model
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([lead + block + [28]])).logits[0, -1]
+    want = torch.log_softmax(logits.double(), -1)
+    anchored, alone = got["rules-anchored"], got["rules-alone"]
+    assert anchored and all(
+        math.isclose(lp, float(want[t]), abs_tol=2e-3) for t, lp in anchored.items()
+    )
+    assert max(abs(lp - float(want[t])) for t, lp in alone.items()) > 1e-2
+
+
+def test_a_bad_anchor_is_refused_and_nothing_is_registered(server: Server) -> None:
+    with server.client() as http:
+        for anchor, code in [
+            ({"tokens": [10**7]}, "invalid_directive"),
+            ({"tokens": [1], "text": "both"}, "invalid_directive"),
+            ({}, "invalid_directive"),
+        ]:
+            reply = http.post(Routes.skills, json={"skill": "bad", "text": RULES, "anchor": anchor})
+            assert reply.status_code == 422 and reply.json()["error"]["code"] == code, reply.text
+            assert http.get(Routes.skill.format(skill="bad")).status_code == 404
+
+
 def test_compose_beside_a_splice_and_by_message_anchor(server: Server) -> None:
     messages = [
         {"role": "system", "content": "You are terse."},
@@ -221,10 +279,12 @@ def test_a_rejected_compose_changes_nothing_and_skills_stay_with_their_tenant(
             assert http.get(url, params={"tokens": "true"}).json() == before
 
 
-def test_the_sdk_composes_a_registered_skill_in_a_chat(server: Server) -> None:
-    """The agent-side path on the real server: ``SkillLibrary`` registers a message's block,
-    ``LeylineOpenAI`` sends a compose for it in a chat request (with the tail splice the
-    turn needs in the same batch), and the block's KV is copied, not prefilled."""
+@pytest.mark.parametrize("anchored", [False, True])
+def test_the_sdk_composes_a_registered_skill_in_a_chat(server: Server, anchored: bool) -> None:
+    """The agent-side path on the real server: ``SkillLibrary`` registers a message's block
+    (``anchored``: compiled after the rendered context), ``LeylineOpenAI`` sends a compose
+    for it in a chat request (with the tail splice the turn needs in the same batch), and
+    the block's KV is copied, not prefilled."""
     import openai
 
     from leyline.policies import LeylineOpenAI
@@ -233,8 +293,9 @@ def test_the_sdk_composes_a_registered_skill_in_a_chat(server: Server) -> None:
 
     from .conftest import API_KEY
 
-    library = SkillLibrary(LeylineClient(server.base_url, api_key=API_KEY))
+    library = SkillLibrary(LeylineClient(server.base_url, api_key=API_KEY), anchored=anchored)
     entry = library.register("rules-sdk", RULES, role="user")
+    assert (entry.info.anchor_tokens > 0) is anchored
     base = openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY)
     client = LeylineOpenAI(base, session=f"sdk-{uuid.uuid4().hex[:8]}", skills=library)
     messages: list[Any] = [
