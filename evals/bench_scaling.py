@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         kwargs["limits"] = Limits(max_session_tokens=None)
     engine = Engine.load(args.model, **kwargs)
     trained = int(getattr(engine.model.config, "max_position_embeddings", 0)) or None
-    bandwidth = measure_bandwidth(engine, args.bandwidth_runs)
+    bandwidth = measure_bandwidth(engine, args.bandwidth_runs, args.stub + 1)
     warm = SessionCache(engine)
     warm.prefill(document(engine, 64))
     warm.release()

@@ -15,6 +15,9 @@ run (the replacement's prefill, then the last token's forward: the weights strea
 ``floor`` is what a splice with logits cannot beat on this machine: the model's weight bytes
 over the measured read bandwidth (a forward of a few tokens streams every weight once) plus
 the rotated keys' bytes over the measured copy bandwidth (read once, written once).
+``cfloor`` replaces the weight stream by the measured time of the model's linear layers on
+the pass's rows (stub + the last token) where that is longer: with few cores the matrix
+products of 17 rows are compute-bound and do not hide behind the weight stream.
 
 Run: ``.venv/bin/python evals/bench_splice.py`` (``--quick`` for a smoke run).
 """
@@ -57,6 +60,7 @@ class ContextRow:
     splice_logits_ms: float
     splice_logits_2pass_ms: float
     floor_ms: float
+    compute_floor_ms: float
     reprefill_ms: float
     delete_ms: float
     delete_logits_ms: float
@@ -79,29 +83,65 @@ class ContextRow:
     def over_floor(self) -> float:
         return self.splice_logits_ms / self.floor_ms
 
+    @property
+    def over_compute_floor(self) -> float:
+        return self.splice_logits_ms / self.compute_floor_ms
+
 
 @dataclass(frozen=True)
 class Bandwidth:
-    """Measured on this machine, medians of interleaved runs (GB/s)."""
+    """Measured on this machine, medians of interleaved runs (GB/s, ms)."""
 
     weight_bytes: int
     read_GBps: float
-    """Summing every weight tensor: how fast a forward can stream the weights."""
+    """Summing an fp32 buffer the size of the weights: how fast a forward can stream them
+    (in fp32 whatever the weights' dtype: a bf16 sum measures arithmetic, not memory)."""
     copy_GBps: float
     """Copying a buffer the size of the weights (bytes copied per second)."""
+    linear_rows: int
+    linear_ms: float
+    """Every linear layer of the model on ``linear_rows`` rows (the output head on one):
+    what a splice's one pass spends in matrix products at this thread count, which the
+    bandwidth floor assumes hidden behind the weight stream."""
 
     def floor_ms(self, rotated_bytes: int) -> float:
         return (self.weight_bytes / self.read_GBps + rotated_bytes / self.copy_GBps) / 1e6
 
+    def compute_floor_ms(self, rotated_bytes: int) -> float:
+        """The floor with the matrix products' measured time when they take longer than
+        streaming the weights."""
+        stream = self.weight_bytes / self.read_GBps / 1e6
+        return max(stream, self.linear_ms) + rotated_bytes / self.copy_GBps / 1e6
 
-def measure_bandwidth(engine: Engine, runs: int) -> Bandwidth:
+
+def linear_layers(engine: Engine, rows: int) -> Callable[[], object]:
+    """One call of every ``nn.Linear`` of the model on ``rows`` random rows (the output
+    head on one row, as ``logits_to_keep=1`` runs it)."""
+    head = engine.model.get_output_embeddings()
+    calls = []
+    for module in engine.model.modules():
+        if isinstance(module, torch.nn.Linear):
+            n = 1 if module is head else rows
+            x = torch.randn(n, module.in_features, dtype=module.weight.dtype)
+            calls.append((x, module.weight, module.bias))
+
+    def run() -> None:
+        with torch.no_grad():
+            for x, w, b in calls:
+                torch.nn.functional.linear(x, w, b)
+
+    return run
+
+
+def measure_bandwidth(engine: Engine, runs: int, rows: int) -> Bandwidth:
     weights = [p.detach() for p in engine.model.parameters()]
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     src = torch.empty(nbytes // 4, dtype=torch.float32).uniform_()
     dst = torch.empty_like(src)
     arms: dict[str, Callable[[], object]] = {
-        "read": lambda: [w.sum() for w in weights],
+        "read": src.sum,
         "copy": lambda: dst.copy_(src),
+        "linear": linear_layers(engine, rows),
     }
     times: dict[str, list[float]] = {k: [] for k in arms}
     for fn in arms.values():
@@ -110,7 +150,9 @@ def measure_bandwidth(engine: Engine, runs: int) -> Bandwidth:
         for name, fn in arms.items():
             times[name].append(timed(fn))
     med = {k: statistics.median(v) for k, v in times.items()}
-    return Bandwidth(nbytes, nbytes / med["read"] / 1e6, nbytes / med["copy"] / 1e6)
+    return Bandwidth(
+        nbytes, nbytes / med["read"] / 1e6, nbytes / med["copy"] / 1e6, rows, med["linear"]
+    )
 
 
 def key_bytes_per_token(engine: Engine, kv: tuple) -> int:  # type: ignore[type-arg]
@@ -232,6 +274,7 @@ def bench_context(
         med["splice_logits"],
         med["splice_logits_2pass"],
         bandwidth.floor_ms(rotated),
+        bandwidth.compute_floor_ms(rotated),
         med["reprefill"],
         med["delete"],
         med["delete_logits"],
@@ -414,14 +457,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
     """Every figure for one dtype of weights and cache (rotation math stays fp32)."""
     engine = Engine.load(args.model, dtype=DTYPES[dtype_name])
-    bandwidth = measure_bandwidth(engine, args.rotation_runs)
+    bandwidth = measure_bandwidth(engine, args.rotation_runs, args.stub + 1)
     print(
         f"# {engine.loaded.label} in {dtype_name}, layout {engine.layout}: "
         f"{bandwidth.weight_bytes / 1e6:.0f} MB of weights, read "
-        f"{bandwidth.read_GBps:.1f} GB/s, copy {bandwidth.copy_GBps:.1f} GB/s"
+        f"{bandwidth.read_GBps:.1f} GB/s, copy {bandwidth.copy_GBps:.1f} GB/s; linear layers "
+        f"on {bandwidth.linear_rows} rows {bandwidth.linear_ms:.1f} ms (streaming the "
+        f"weights: {bandwidth.weight_bytes / bandwidth.read_GBps / 1e6:.1f} ms)"
     )
     print(
-        "context prefill_s | splice_ms +logits_ms 2-pass_ms floor_ms x_floor reprefill_ms "
+        "context prefill_s | splice_ms +logits_ms 2-pass_ms floor_ms x_floor cfloor_ms x_cfloor "
+        "reprefill_ms "
         "ratio ratio(+logits) | delete_ms +logits_ms reprefill_ms ratio | KL"
     )
     rows = []
@@ -431,6 +477,7 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
         print(
             f"{n:7d} {r.prefill_s:9.2f} | {r.splice_ms:9.1f} {r.splice_logits_ms:9.1f} "
             f"{r.splice_logits_2pass_ms:9.1f} {r.floor_ms:8.1f} {r.over_floor:6.2f}x "
+            f"{r.compute_floor_ms:9.1f} {r.over_compute_floor:7.2f}x "
             f"{r.reprefill_ms:12.1f} {r.ratio:5.1f}x {r.ratio_logits:8.1f}x | "
             f"{r.delete_ms:9.1f} {r.delete_logits_ms:9.1f} {r.delete_reprefill_ms:12.1f} "
             f"{r.delete_ratio:5.1f}x | {r.kl_splice_vs_reprefill:.4f}",
@@ -441,7 +488,13 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
         "dtype": dtype_name,
         "bandwidth": asdict(bandwidth),
         "rows": [
-            asdict(r) | {"ratio": r.ratio, "ratio_logits": r.ratio_logits, "x_floor": r.over_floor}
+            asdict(r)
+            | {
+                "ratio": r.ratio,
+                "ratio_logits": r.ratio_logits,
+                "x_floor": r.over_floor,
+                "x_compute_floor": r.over_compute_floor,
+            }
             for r in rows
         ],
     }

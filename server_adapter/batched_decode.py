@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from .decode_attention import single_query_attention, takes_single_query
 from .forward import KVBuffers
 
 ROWS_KWARG = "leyline_rows"
@@ -165,6 +166,9 @@ def rows_attention(
     outs = []
     for b, (keys, values) in enumerate(view.layer(index)):
         q = query[b : b + 1]
+        if takes_single_query(q, keys):  # as a single generation's step computes it
+            outs.append(single_query_attention(q, keys, values, scaling))
+            continue
         outs.append(
             F.scaled_dot_product_attention(
                 q, keys, values, scale=scaling, enable_gqa=q.shape[1] != keys.shape[1]

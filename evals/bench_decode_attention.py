@@ -1,0 +1,89 @@
+"""One query's attention over a long cache: torch's SDPA vs ``decode_attention``.
+
+The attention a decode step (and a splice's last token) runs in every layer: one query per
+head against every cached key and value, grouped-query heads read in place. Arms,
+interleaved repetition by repetition so that machine noise hits them alike; figures are
+medians:
+
+* ``sdpa``: ``F.scaled_dot_product_attention(..., enable_gqa=True)``, no mask;
+* ``matmul``: ``decode_attention.single_query_attention`` (two batched matrix products
+  over the grouped heads), what the engine runs for fp32.
+
+Shapes are SmolLM2-135M's (9 query heads, 3 key/value heads, head dim 64), keys and values
+views of a larger buffer as the engine's are. ``GB/s`` is the K+V bytes read per second.
+
+Run: ``.venv/bin/python evals/bench_decode_attention.py`` (``--quick`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from leyline.server_adapter.decode_attention import single_query_attention
+
+HEADS, KV_HEADS, DIM = 9, 3, 64
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def timed_ms(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def bench(n: int, dtype: torch.dtype, runs: int) -> dict[str, float]:
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randn(1, KV_HEADS, n + 64, DIM, generator=g).to(dtype)[:, :, :n]
+    values = torch.randn(1, KV_HEADS, n + 64, DIM, generator=g).to(dtype)[:, :, :n]
+    query = torch.randn(1, HEADS, 1, DIM, generator=g).to(dtype)
+    arms: dict[str, Callable[[], object]] = {
+        "sdpa": lambda: F.scaled_dot_product_attention(query, keys, values, enable_gqa=True),
+        "matmul": lambda: single_query_attention(query, keys, values, None),
+    }
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for fn in arms.values():
+        fn()
+    for _ in range(runs):
+        for name, fn in arms.items():
+            times[name].append(timed_ms(fn))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8192, 16384])
+    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["float32"])
+    parser.add_argument("--runs", type=int, default=200, help="calls per arm (medians)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 512 tokens, 20 calls")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.contexts, args.runs = [512], 20
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {args.runs}")
+    print("dtype     context | sdpa_ms matmul_ms  ratio | sdpa_GB/s matmul_GB/s")
+    for name in args.dtypes:
+        dtype = DTYPES[name]
+        for n in args.contexts:
+            ms = bench(n, dtype, args.runs)
+            nbytes = 2 * KV_HEADS * n * DIM * dtype.itemsize
+            rate = {arm: nbytes / t / 1e6 for arm, t in ms.items()}
+            print(
+                f"{name:9} {n:7} | {ms['sdpa']:7.3f} {ms['matmul']:9.3f} "
+                f"{ms['matmul'] / ms['sdpa']:6.2f} | {rate['sdpa']:9.1f} {rate['matmul']:11.1f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
