@@ -12,6 +12,10 @@ medians:
 Shapes are SmolLM2-135M's (9 query heads, 3 key/value heads, head dim 64), keys and values
 views of a larger buffer as the engine's are. ``GB/s`` is the K+V bytes read per second.
 
+``--in-model N`` also runs the same A/B inside the engine (SmolLM2 fp32, an ``N``-token
+session; the path switched off and on run by run): a splice with logits (bench_splice's
+edit), a delete with logits, and one decode step (8 one-token extensions), medians.
+
 Run: ``.venv/bin/python evals/bench_decode_attention.py`` (``--quick`` for a smoke run).
 """
 
@@ -55,6 +59,51 @@ def bench(n: int, dtype: torch.dtype, runs: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def bench_in_model(n: int, runs: int) -> dict[str, float]:
+    """Engine arms with the path on (``new``) and off (``old``), interleaved; ms medians."""
+    from leyline.evals.bench_splice import document, stub_tokens, timed_edit
+    from leyline.protocol.algebra import Edit
+    from leyline.protocol.directives import Mode
+    from leyline.server_adapter import attention
+    from leyline.server_adapter.decode_attention import takes_single_query
+    from leyline.server_adapter.engine import Engine
+    from leyline.server_adapter.session import SessionCache
+
+    engine = Engine.load("smollm2")
+    base = SessionCache(engine)
+    base.prefill(document(engine, n))
+    start, stub = n // 4, stub_tokens(engine, 16)
+    edits = {"splice_logits": Edit(start, start + 300, stub, Mode.amortize)}
+    edits["delete_logits"] = Edit(start, start + 300, (), Mode.amortize)
+
+    def decode_step() -> float:
+        fork = base.fork()
+        try:
+            t0 = time.perf_counter()
+            for _ in range(8):
+                fork.prefill([*fork.tokens, 28])
+            return (time.perf_counter() - t0) * 1e3 / 8
+        finally:
+            fork.release()
+
+    def arms(on: bool) -> dict[str, float]:
+        attention.takes_single_query = takes_single_query if on else (lambda q, k: False)
+        try:
+            out = {k: timed_edit(base, e, want_logits=True)[0] for k, e in edits.items()}
+            return out | {"decode_step": decode_step()}
+        finally:
+            attention.takes_single_query = takes_single_query
+
+    times: dict[str, list[float]] = {}
+    for i in range(runs + 1):
+        for on in (False, True):
+            for name, ms in arms(on).items():
+                if i:  # the first round warms up
+                    times.setdefault(f"{name}_{'new' if on else 'old'}", []).append(ms)
+    base.release()
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -65,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=200, help="calls per arm (medians)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--quick", action="store_true", help="smoke run: 512 tokens, 20 calls")
+    parser.add_argument(
+        "--in-model", type=int, default=None, metavar="N", help="also A/B the engine at N tokens"
+    )
+    parser.add_argument("--model-runs", type=int, default=7, help="engine runs per arm")
     args = parser.parse_args(argv)
     if args.quick:
         args.contexts, args.runs = [512], 20
@@ -82,6 +135,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name:9} {n:7} | {ms['sdpa']:7.3f} {ms['matmul']:9.3f} "
                 f"{ms['matmul'] / ms['sdpa']:6.2f} | {rate['sdpa']:9.1f} {rate['matmul']:11.1f}"
             )
+    if args.in_model is not None:
+        med = bench_in_model(args.in_model, args.model_runs)
+        print(
+            f"# in the engine, SmolLM2 fp32, {args.in_model} tokens, medians of {args.model_runs}"
+        )
+        for arm in ("splice_logits", "delete_logits", "decode_step"):
+            old, new = med[f"{arm}_old"], med[f"{arm}_new"]
+            print(f"{arm:14} sdpa {old:7.1f} ms  matmul {new:7.1f} ms  ratio {new / old:.2f}")
     return 0
 
 

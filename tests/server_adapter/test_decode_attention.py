@@ -48,17 +48,18 @@ def test_only_one_fp32_query_of_one_row_takes_the_path() -> None:
     assert not takes_single_query(bf16, k.to(torch.bfloat16))
 
 
+@pytest.mark.model
 def test_the_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    """``evals/bench_decode_attention.py`` smoke run (no timing asserted)."""
+    """``evals/bench_decode_attention.py`` smoke run, in-model A/B included (no timing
+    asserted)."""
     from leyline.evals.bench_decode_attention import main
 
-    assert main(["--quick", "--dtypes", "float32", "bfloat16"]) == 0
-    rows = [
-        line
-        for line in capsys.readouterr().out.splitlines()
-        if line.startswith(("float32", "bfloat16"))
-    ]
-    assert len(rows) == 2
+    argv = ["--quick", "--dtypes", "float32", "bfloat16", "--in-model", "400", "--model-runs", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len([line for line in out if line.startswith(("float32", "bfloat16"))]) == 2
+    arms = [line.split()[0] for line in out if " ms " in line and "ratio" in line]
+    assert arms == ["splice_logits", "delete_logits", "decode_step"]
 
 
 def test_long_decode_steps_and_splices_through_the_path_match_a_plain_forward(
