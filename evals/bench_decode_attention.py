@@ -29,16 +29,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from leyline.evals.bench_splice import timed
 from leyline.server_adapter.decode_attention import single_query_attention
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def timed_ms(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
 
 
 def bench(n: int, dtype: torch.dtype, runs: int) -> dict[str, float]:
@@ -55,7 +50,7 @@ def bench(n: int, dtype: torch.dtype, runs: int) -> dict[str, float]:
         fn()
     for _ in range(runs):
         for name, fn in arms.items():
-            times[name].append(timed_ms(fn))
+            times[name].append(timed(fn))
     return {name: statistics.median(t) for name, t in times.items()}
 
 

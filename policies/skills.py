@@ -272,10 +272,9 @@ def block_start(rendered: TokenizeResponse, index: int) -> int:
 def skill_id(name: str, tokens: Sequence[int], anchor: Sequence[int] = ()) -> str:
     """``name-<16 hex>``: same name, block and anchor, same id; another block or anchor,
     another id (so libraries with other contexts never replace each other's blocks)."""
-    digest = hashlib.sha256(b"".join(int(t).to_bytes(8, "little", signed=True) for t in tokens))
+    digest = hashlib.sha256(_id_bytes(tokens))
     if anchor:
-        digest.update(b"\0anchor")
-        digest.update(b"".join(int(t).to_bytes(8, "little", signed=True) for t in anchor))
+        digest.update(b"\0anchor" + _id_bytes(anchor))
     return f"{name[:_ID_NAME_CHARS]}-{digest.hexdigest()[:16]}"
 
 
@@ -376,3 +375,7 @@ class AsyncSkillLibrary(SkillSet):
             anchor=upload.anchor_body(),
         )
         return self._remember(request.entry(upload.tokens, info))
+
+
+def _id_bytes(ids: Sequence[int]) -> bytes:
+    return b"".join(int(t).to_bytes(8, "little", signed=True) for t in ids)

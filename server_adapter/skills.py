@@ -64,11 +64,6 @@ class Skill:
         return (self.tenant, self.id)
 
 
-def content_hash(model: str, tokens: Sequence[int], anchor: Sequence[int] = ()) -> str:
-    """The protocol's ``skill_content_hash`` (the anchor's ids after the block's)."""
-    return skill_content_hash(model, tokens, anchor)
-
-
 def compile_skill(
     engine: Engine,
     tokens: Sequence[int],
@@ -116,9 +111,8 @@ def compile_skill(
     if lead:
         kv = _drop_anchor(engine, kv, len(lead))
     label = engine.loaded.label
-    return Skill(
-        skill_id, tenant, block, kv, label, content_hash(label, block, lead), kv_nbytes(kv), lead
-    )
+    digest = skill_content_hash(label, block, lead)
+    return Skill(skill_id, tenant, block, kv, label, digest, kv_nbytes(kv), lead)
 
 
 def _drop_anchor(engine: Engine, kv: KVCache, n: int) -> KVCache:
@@ -260,7 +254,7 @@ class SkillStore:
         """
         block = tuple(int(t) for t in tokens)
         lead = tuple(int(t) for t in anchor)
-        digest = content_hash(engine.loaded.label, block, lead)
+        digest = skill_content_hash(engine.loaded.label, block, lead)
         with self._lock:
             same = self._find(tenant, digest)
         if same is not None and same.id == skill_id:
