@@ -206,7 +206,28 @@ def skill_create(source: Source) -> dict[str, Any]:
         body |= {"text": "policy", "model": pick(source, ("other-model", "", 3))}
     if chance(source, 20):
         body["name"] = pick(source, ("rules", "x" * 300, 7))
+    if chance(source, 25):
+        body["anchor"] = skill_anchor(source)
     return body
+
+
+def skill_anchor(source: Source) -> Any:
+    """A skill's anchor: near-valid (one source) or bent (none, two, out of range, long)."""
+    return pick(
+        source,
+        (
+            {"tokens": [1, 2]},
+            {"text": "You are terse."},
+            {"messages": CONVERSATION[:1]},
+            {"tokens": [10**9]},
+            {"tokens": [7] * 4097},
+            {"text": "a", "tokens": [1]},
+            {},
+            {"text": ""},
+            "template",
+            None,
+        ),
+    )
 
 
 def directives(source: Source, view: View | None, max_directives: int, limit: int) -> Any:
