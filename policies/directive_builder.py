@@ -68,6 +68,8 @@ class DirectiveBuilder:
     message's tokens in the new rendering (so ``render`` is needed), and ``tail`` (the
     cached tokens after the old messages: generation prompt and reply) lets a skill among
     the appended messages replace that tail; without it appended skills go as text.
+    ``replace_tail``: the tail's reply was not sent back, so the batch must take it out; the
+    first appended message then replaces it rather than a plain deletion.
     """
 
     def __init__(
@@ -80,11 +82,12 @@ class DirectiveBuilder:
         forget: frozenset[int],
         skills: Mapping[int, SkillBlock] | None = None,
         tail: TokenSpan | None = None,
+        replace_tail: bool = False,
     ) -> None:
         self.old, self.new, self.spans, self.render = old, new, spans, render
         self.use_tokens, self.forget = use_tokens, forget
         self.skills: Mapping[int, SkillBlock] = skills if skills and render is not None else {}
-        self.tail = tail
+        self.tail, self.replace_tail = tail, replace_tail
         self.notes: list[str] = []
         """Why a skill message went as text rather than as a compose."""
         self.tail_replaced = False
@@ -106,9 +109,10 @@ class DirectiveBuilder:
             a = consumed - len(run_old)
             tail_end = None
             if last and run_new:
-                # New messages at the end extend the session (no directive), except up to
-                # the last one composed: those replace the cached tail.
-                sent = self._trailing_group(run_new)
+                # New messages at the end extend the session (no directive), except those
+                # that replace the cached tail: up to the last one composed, or the first
+                # one when the batch edits anyway (see _trailing_group).
+                sent = self._trailing_group(run_new, edits=bool(directives or run_old))
                 appended = len(run_new) - sent
                 del run_new[sent:]
                 tail_end = self.tail.end if sent and self.tail is not None else None
@@ -258,12 +262,28 @@ class DirectiveBuilder:
                 )
         return block if self._checked_blocks[k] else None
 
-    def _trailing_group(self, run: Sequence[int]) -> int:
-        """How many of the appended new messages ``run`` go in the batch: through the last
-        one composed, which needs the cached tail (generation prompt, reply) to replace."""
+    def _trailing_group(self, run: Sequence[int], *, edits: bool) -> int:
+        """How many of the appended new messages ``run`` go in the batch, replacing the
+        cached tail (generation prompt, reply).
+
+        Through the last one composed, which needs the tail's place. Otherwise, when the
+        tail's reply was not sent back (``replace_tail``) and the batch edits anyway
+        (``edits``), so that the tail must go, the first one: it replaces the tail, and the
+        server keeps the leading tokens the two share (the generation prompt and the start
+        of the reply, spec section 4 rule 5), which a plain deletion would prefill again.
+        Without edits the request extends the session and the server reuses the common
+        prefix itself.
+        """
         skills = [k for k in run if k in self.skills]
-        if not skills:
-            return 0
+        if skills:
+            sent = self._through_last_skill(run, skills)
+            if sent:
+                return sent
+        if edits and self.replace_tail and self.render is not None and self._tail_follows_old(run):
+            return 1
+        return 0
+
+    def _through_last_skill(self, run: Sequence[int], skills: Sequence[int]) -> int:
         if self.tail is None or not self.old or run[0] == 0:
             why = "unknown" if self.old and run[0] else "not after a cached message"
             self.notes.append(f"appended skill messages go as text: the cached tail is {why}")
@@ -276,6 +296,12 @@ class DirectiveBuilder:
             if self._block(k, rendered.tokens[rendered.spans[k - 1].end : rendered.spans[k].end]):
                 return k - run[0] + 1
         return 0
+
+    def _tail_follows_old(self, run: Sequence[int]) -> bool:
+        """The cached tail is known and starts where the old messages' tokens end."""
+        if self.tail is None or not self.old or run[0] == 0:
+            return False
+        return self._spans_old()[-1].end == self.tail.start
 
     def _spans_old(self) -> Sequence[MessageSpan]:
         if self._old_spans is None:

@@ -132,7 +132,10 @@ class Episode:
         """
         reply = self._reply
         tail = TokenSpan(start=reply.start, end=reply.end) if reply is not None else None
-        plan = self.planner.plan(messages, tail=tail)
+        # An unsent reply is replaced by the first appended message, when the batch edits
+        # anyway: the server keeps what the two share (the generation prompt at least).
+        unsent = reply is not None and self.directives and not self._reply_sent(messages)
+        plan = self.planner.plan(messages, tail=tail, replace_tail=unsent)
         if not support.leyline:
             return PreparedCall(plan, None)
         if not self.directives:
@@ -140,8 +143,8 @@ class Episode:
         if (
             plan.directives
             and reply is not None
-            and not plan.tail_replaced  # a compose after the sent messages replaced it
-            and not self._reply_sent(plan)
+            and not plan.tail_replaced  # a message or compose after the sent ones replaced it
+            and not self._reply_sent(plan.messages)
         ):
             plan = replace(plan, directives=(*plan.directives, self._drop_reply(reply)))
         body = plan.leyline(self.session).model_dump(mode="json", exclude_none=True)
@@ -224,11 +227,11 @@ class Episode:
         self.planner.drop_session()
         self._reply = None
 
-    def _reply_sent(self, plan: TurnPlan) -> bool:
+    def _reply_sent(self, messages: Sequence[Message]) -> bool:
         """Whether the agent sent the last reply back as a new message."""
         assert self._reply is not None
-        pairs = align_messages(self.planner.served, plan.messages)
-        fresh = [plan.messages[j] for o, j in pairs if o is None and j is not None]
+        pairs = align_messages(self.planner.served, messages)
+        fresh = [messages[j] for o, j in pairs if o is None and j is not None]
         return any(same_reply(m, self._reply.message) for m in fresh)
 
     @staticmethod

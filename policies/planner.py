@@ -143,12 +143,20 @@ class TurnPlanner:
         """The agent's messages of the last committed turn (before the policy's edits)."""
         return self._agent
 
-    def plan(self, messages: Sequence[Message], *, tail: TokenSpan | None = None) -> TurnPlan:
+    def plan(
+        self,
+        messages: Sequence[Message],
+        *,
+        tail: TokenSpan | None = None,
+        replace_tail: bool = False,
+    ) -> TurnPlan:
         """What to send for the agent's ``messages``.
 
         ``tail`` is what the cache holds after the last served message (the generation
         prompt and the last reply), when known: a skill composed after the served messages
-        replaces it with the messages before the skill.
+        replaces it with the messages before the skill. ``replace_tail``: its reply was not
+        sent back; a batch with edits replaces it with the first appended message (see
+        :func:`~.translate.plan_directives`).
 
         Raises:
             TranscriptError: the agent's messages are not a valid transcript.
@@ -206,6 +214,7 @@ class TurnPlanner:
             forget=self._forget(agent, new_log, sent, final.source),
             skills=blocks,
             tail=tail,
+            replace_tail=replace_tail,
         )
         directives: tuple[EditDirective | MarkDirective, ...] = result.directives
         sent_marks: tuple[SentMark, ...] = ()

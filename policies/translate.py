@@ -12,7 +12,10 @@ between them; :func:`plan_directives` turns that into a batch:
   messages as the server renders them. That needs ``render`` (the server's tokenize of a
   message list); without it the plan falls back: send the messages, the server re-prefills;
 * messages after the last cached one -> no directive: the request's messages extend the
-  session (cached messages they replace are removed first);
+  session (cached messages they replace are removed first). When the batch edits anyway
+  and the cached tail (generation prompt, reply) holds a reply that was not sent back
+  (``replace_tail``), the first of them replaces the tail given ``render``, so the server
+  keeps the tokens the two share;
 * a new skill message (``skills``) whose registered block is exactly its tokens in the new
   rendering -> a ``compose`` where the message goes instead of its tokens. Among the
   appended messages that needs ``tail`` (the cached generation prompt and reply), which the
@@ -86,6 +89,7 @@ def plan_directives(
     forget: Collection[int] = (),
     skills: Mapping[int, SkillBlock] | None = None,
     tail: TokenSpan | None = None,
+    replace_tail: bool = False,
 ) -> DirectivePlan:
     """Directives that turn the tokens of ``old`` into those of ``new`` (minus appended ones).
 
@@ -101,13 +105,18 @@ def plan_directives(
             block is the message's tokens in ``render``'s rendering of ``new``).
         tail: the cached tokens after the last old message (generation prompt, reply),
             when known; needed to compose a skill among the appended messages.
+        replace_tail: ``tail`` holds a reply the agent did not send back. When the batch
+            edits anyway, the first appended message replaces it (the server keeps the
+            tokens the two share) instead of leaving it to be deleted.
     """
     pairs = tuple(alignment) if alignment is not None else align_messages(old, new)
     check_alignment(pairs, len(old), len(new))
     if spans and len(spans) != len(old):
         spans = ()  # spans of another revision: do not address with them
     use_tokens = addressing == "token" or (addressing == "auto" and bool(spans))
-    builder = DirectiveBuilder(old, new, spans, render, use_tokens, frozenset(forget), skills, tail)
+    builder = DirectiveBuilder(
+        old, new, spans, render, use_tokens, frozenset(forget), skills, tail, replace_tail
+    )
     try:
         directives, appended = builder.build(pairs)
     except Unexpressible as exc:
