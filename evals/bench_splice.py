@@ -43,7 +43,7 @@ from leyline.protocol.directives import Mode
 from leyline.server_adapter.allocator import retain_freed_memory
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.kv_blocks import kv_nbytes
-from leyline.server_adapter.rope import rotate_into
+from leyline.server_adapter.rope import rotate_many_into
 from leyline.server_adapter.session import SessionCache
 
 STUB_TEXT = " [tool output elided: 300 tokens of a directory listing, no longer needed] "
@@ -288,6 +288,8 @@ def bench_rotation(engine: Engine, n: int, runs: int) -> dict[str, float]:
 
     Two pairs, each interleaved run by run: into preallocated buffers (the arithmetic alone)
     and into fresh tensors (what a splice pays: allocation and first-touch page faults too).
+    The rotation is one ``rotate_many_into`` over every layer, as a splice calls it
+    (``run_executor._place``).
     """
     assert engine.layout is not None and engine.rope is not None
     layout, rope = engine.layout, engine.rope
@@ -299,8 +301,8 @@ def bench_rotation(engine: Engine, n: int, runs: int) -> dict[str, float]:
     nbytes = sum(t.numel() * t.element_size() for t in src)
 
     def rotate(out: list[torch.Tensor]) -> None:
-        for d, s in zip(out, src, strict=True):
-            rotate_into(d, s, -284, rope.inv_freq, layout.pairing, offset=layout.offset)
+        pairs = list(zip(out, src, strict=True))
+        rotate_many_into(pairs, -284, rope.inv_freq, layout.pairing, offset=layout.offset)
 
     arms: dict[str, Callable[[], object]] = {
         "copy": lambda: [d.copy_(s) for d, s in zip(dst, src, strict=True)],

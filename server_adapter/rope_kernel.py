@@ -163,6 +163,12 @@ LL_DEFINE(half, fused, f32)
 LL_DEFINE(half, plain, f32)
 LL_DEFINE(inter, fused, f32)
 LL_DEFINE(inter, plain, f32)
+/* bf16 rows gain from 512-bit vectors where the build allows AVX-512 (widening and
+   rounding are integer work on twice the lanes), fp32 rows do not (see _flags). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC target("prefer-vector-width=512")
+#endif
 LL_DEFINE(half, fused, bf16)
 LL_DEFINE(half, plain, bf16)
 LL_DEFINE(inter, fused, bf16)
@@ -221,6 +227,9 @@ LL_DEFINE(inter, plain, bf16)
 
 LL_DEFINE_PAIRS(fused)
 LL_DEFINE_PAIRS(plain)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
 
 static void run_task(const ll_task *t) {
     int64_t base = 0;
@@ -464,6 +473,12 @@ def _flags(openmp: bool) -> list[str]:
     capability = torch.backends.cpu.get_cpu_capability()
     if platform.machine() in ("x86_64", "AMD64") and capability in ("AVX2", "AVX512"):
         flags += ["-mavx2", "-mfma"]  # what torch's own kernels use on this CPU
+    if platform.machine() in ("x86_64", "AMD64") and capability == "AVX512":
+        # AVX-512 instructions at 256 bits by default: fp32 rows ran at 82-87% of a copy
+        # with 512-bit vectors against 91-98% at 256; the bf16 rows opt into 512 bits in
+        # the source (75-90% of a copy, against 51-69% with AVX2 alone).
+        flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+        flags.append("-mprefer-vector-width=256")
     return flags
 
 
