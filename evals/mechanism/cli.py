@@ -72,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="embedded server with --max-running-jobs 1 --inline-decode: model work one "
         "request after another (the baseline the scheduler is measured against)",
     )
+    parser.add_argument(
+        "--arms-apart",
+        action="store_true",
+        help="run each level's clients in one arm at a time (all splice, then all re-prefill) "
+        "instead of both arms turn by turn: each arm's latency then carries only the "
+        "queueing its own work causes",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -95,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"leyline eval mechanism: {exc}", file=sys.stderr)
         return 2
-    settings = Settings(levels, turns, args.keep_last, args.max_tokens, args.model)
+    settings = Settings(
+        levels, turns, args.keep_last, args.max_tokens, args.model, arms_apart=args.arms_apart
+    )
     options = Options(
         settings,
         tuple(pool),

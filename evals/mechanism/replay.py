@@ -4,7 +4,9 @@ Each client replays one trajectory through ``LeylineOpenAI`` with the truncation
 two sessions: ``splice`` (the policy's edits sent as directives) and ``reprefill`` (the same
 edited messages, no directives: the server re-prefills from the first changed token and
 reuses its warm prefix). A client asks both arms each turn, alternating which goes first,
-so both arms share one queue and the same machine noise.
+so both arms share one queue and the same machine noise. ``Settings.arms_apart`` runs each
+level twice instead, the ``splice`` arm's clients alone and then the ``reprefill`` arm's: each
+arm then has the server to itself, so the queueing its own work causes shows in its latency.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class Settings:
     keep_last: int = 2
     max_tokens: int = 4
     model: str = "smollm2"
+    arms_apart: bool = False
+    """Each level's clients run one arm at a time (splice, then re-prefill), not both."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +110,14 @@ class ReplayClient:
     def turns(self) -> int:
         return min(self.settings.turns, len(self.trajectory.calls))
 
-    def replay(self, level: int, index: int, tick: Callable[[], None]) -> list[Sample]:
+    def replay(
+        self, level: int, index: int, tick: Callable[[], None], arms: Sequence[str] = ARMS
+    ) -> list[Sample]:
         out: list[Sample] = []
         try:
             for turn in range(1, self.turns() + 1):
                 self.messages += self.trajectory.turn(turn)
-                order = ARMS if (turn + index) % 2 else ARMS[::-1]
+                order = arms if (turn + index) % 2 else arms[::-1]
                 for arm in order:
                     out.append(self._ask(level, index, turn, arm))
                     tick()
@@ -179,20 +185,28 @@ def run_level(
     tick: Callable[[], None],
     run_id: str,
 ) -> list[Sample]:
-    """``level`` clients at once; client ``i`` replays ``pool[i % len(pool)]``."""
+    """``level`` clients at once; client ``i`` replays ``pool[i % len(pool)]``, in both arms
+    turn by turn, or (``settings.arms_apart``) in one arm, then ``level`` fresh clients in
+    the other."""
     lock = threading.Lock()
 
     def locked_tick() -> None:
         with lock:
             tick()
 
-    clients = [
-        ReplayClient(base, settings, pool[i % len(pool)], f"{run_id}-c{level}-{i}")
-        for i in range(level)
-    ]
-    with ThreadPoolExecutor(max_workers=level) as workers:
-        futures = [workers.submit(c.replay, level, i, locked_tick) for i, c in enumerate(clients)]
-        return [s for f in futures for s in f.result()]
+    phases = [(arm,) for arm in ARMS] if settings.arms_apart else [ARMS]
+    samples: list[Sample] = []
+    for arms in phases:
+        tag = f"{run_id}-c{level}" + (f"-{arms[0]}" if len(arms) == 1 else "")
+        clients = [
+            ReplayClient(base, settings, pool[i % len(pool)], f"{tag}-{i}") for i in range(level)
+        ]
+        with ThreadPoolExecutor(max_workers=level) as workers:
+            futures = [
+                workers.submit(c.replay, level, i, locked_tick, arms) for i, c in enumerate(clients)
+            ]
+            samples += [s for f in futures for s in f.result()]
+    return samples
 
 
 def requests_in(settings: Settings, pool: Sequence[Trajectory]) -> int:

@@ -13,20 +13,26 @@ QUEUE_NOTE = (
     "`leyline serve` runs one forward at a time: its scheduler batches the decode steps of "
     "concurrent generations and slices edits and prefills at prefill chunks, so a short "
     "request (a splice) waits for a chunk, not for a whole long re-prefill queued before "
-    "it. Both arms share that server; queued and service times are the server's own "
-    "(`leyline.timing`)."
+    "it. Queued and service times are the server's own (`leyline.timing`)."
 )
 EXTERNAL_NOTE = (
     "An external server (--base-url): its own scheduler decides how the two arms' requests "
     "share the hardware, and its backend's costs set the latency ratios (e.g. SGLang on "
     "CPU with torch_native attention and a 135M model: per-request overheads are a large "
     "share of each request, so the splice's saving in prefilled tokens shows more in the "
-    "hit rates than in latency). Both arms run against the same server, interleaved."
+    "hit rates than in latency)."
+)
+SHARED_NOTE = "Both arms run against the same server, interleaved turn by turn: one queue."
+APART_NOTE = (
+    "Arms apart (--arms-apart): at each level the splice arm's clients ran alone, then the "
+    "re-prefill arm's, so each arm queues behind its own work only; the throughput per arm "
+    "is in report.json (`throughput_rps_by_arm`)."
 )
 
 
-def concurrency_note(base_url: str | None) -> str:
-    return EXTERNAL_NOTE if base_url else QUEUE_NOTE
+def concurrency_note(base_url: str | None, arms_apart: bool = False) -> str:
+    note = EXTERNAL_NOTE if base_url else QUEUE_NOTE
+    return f"{note} {APART_NOTE if arms_apart else SHARED_NOTE}"
 
 
 def latency_table(table: dict[str, Any]) -> str:

@@ -111,7 +111,7 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
         "samples": [asdict(s) for s in samples],
     }
     report.section("Trajectories replayed", pool_table(pool_facts))
-    note = concurrency_note(options.base_url)
+    note = concurrency_note(options.base_url, settings.arms_apart)
     report.section("Per concurrency level", note + "\n\n" + latency_table(table))
     ratios = ratio_table(table) + "\n\n" + _overall_text(facts) + _scheduler_text(scheduler)
     report.section("Ratios and agreement", ratios)
@@ -122,7 +122,7 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
         )
     report.plots["latency_and_hits.png"] = lambda path: plot_latency(table, path)
     written = report.write()
-    print(concurrency_note(options.base_url), file=out)
+    print(concurrency_note(options.base_url, settings.arms_apart), file=out)
     print(latency_table(table), file=out)
     print(ratio_table(table), file=out)
     print(_overall_text(facts) + _scheduler_text(scheduler), file=out)

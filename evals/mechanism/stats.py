@@ -73,7 +73,7 @@ def agreement(samples: Sequence[Sample]) -> dict[str, int]:
 
 def throughput(samples: Sequence[Sample]) -> float:
     """Requests completed per second over the span from the first sent to the last done
-    (both arms: they share the server)."""
+    (both arms, which share the server; one arm's alone when the arms ran apart)."""
     if not samples:
         return float("nan")
     wall = max(s.started_s + s.e2e_s for s in samples) - min(s.started_s for s in samples)
@@ -91,6 +91,9 @@ def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
         row["hit_rate_gain_pp"] = 100 * (row["splice"]["hit_rate"] - row["reprefill"]["hit_rate"])
         row["agreement"] = agreement(mine)
         row["throughput_rps"] = throughput(mine)
+        row["throughput_rps_by_arm"] = {
+            arm: throughput([s for s in mine if s.arm == arm]) for arm in ARMS
+        }
         table[str(level)] = row
     return table
 

@@ -154,3 +154,35 @@ def test_fast_run_against_the_embedded_server(tmp_path: Path) -> None:
     assert scheduler["decode_steps"] == 0 and scheduler["max_batch"] == 0
     for name in ("session_info", "tokenize", "chat_max_tokens_1", "splice_directive"):
         assert report["overhead"][name]["http_p50_ms"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_arms_apart_run_one_arm_after_the_other(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    argv = ["eval", "mechanism", "--levels", "2", "--turns", "3", "--max-tokens", "1"]
+    argv += ["--trajectories", "synthetic", "--synthetic", "2", "--overhead-reps", "0"]
+    argv += ["--arms-apart", "--no-progress", "--out", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, "-m", "leyline.cli.main", *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Arms apart" in done.stdout and "interleaved turn by turn" not in done.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["config"]["arms_apart"] is True
+    samples = report["samples"]
+    splice = [s for s in samples if s["arm"] == "splice"]
+    reprefill = [s for s in samples if s["arm"] == "reprefill"]
+    assert len(splice) == len(reprefill) == 2 * 3
+    # Every splice-arm request was done before the first re-prefill request was sent.
+    assert max(s["started_s"] + s["e2e_s"] for s in splice) <= min(
+        s["started_s"] for s in reprefill
+    )
+    row = report["summary"]["2"]
+    assert row["splice"]["splice_paths"] >= 1 and row["reprefill"]["splice_paths"] == 0
+    assert row["agreement"]["pairs"] == 6  # the arms still pair up turn by turn
+    assert all(rate > 0 for rate in row["throughput_rps_by_arm"].values())
