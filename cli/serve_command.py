@@ -117,6 +117,14 @@ def register(commands: Any) -> None:
         help="generations stepped together in one batched decode forward (1: one at a time)",
     )
     sched.add_argument(
+        "--decode-share",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="model time running generations may take between two prefill slices, as a "
+        "share in [0, 1) (0: one decode step per slice; 0.5: as long as the slice took)",
+    )
+    sched.add_argument(
         "--prefill-chunk",
         type=int,
         default=512,
@@ -168,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             max_running_jobs=args.max_running_jobs,
             max_decode_batch=args.max_decode_batch,
+            decode_share=args.decode_share,
             prefill_chunk=args.prefill_chunk,
             inline_decode=args.inline_decode,
         )

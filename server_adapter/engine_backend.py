@@ -50,6 +50,7 @@ class EngineBackend:
         skill_cache_bytes: int = 1 << 30,
         max_jobs: int = 8,
         max_batch: int = 32,
+        decode_share: float = 0.0,
         inline_decode: bool = False,
     ) -> None:
         self.engine = engine
@@ -59,7 +60,9 @@ class EngineBackend:
         self._limits = limits
         self._tenants = tenants  # whether the server in front maps credentials to tenants
         self.renderer = ChatRenderer(engine.tokenizer) if engine.tokenizer is not None else None
-        self.scheduler = ModelScheduler(engine, max_jobs=max_jobs, max_batch=max_batch)
+        self.scheduler = ModelScheduler(
+            engine, max_jobs=max_jobs, max_batch=max_batch, decode_share=decode_share
+        )
         self.inline_decode = inline_decode
         """A turn's generation runs inside its job, unbatched (the pre-scheduler baseline)."""
 

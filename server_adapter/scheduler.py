@@ -14,9 +14,14 @@ concurrent clients is the order. Two rules make the work a splice saves show as 
   whole long prefill queued before it, and running generations keep producing tokens
   during a long prefill.
 
-The scheduler alternates: one decode step of the running generations, then one slice of
-a ready job. At most ``max_jobs`` jobs are started and unfinished at a time (their
-buffers coexist); the rest wait in arrival order.
+The scheduler alternates: decode steps of the running generations, then one slice of a
+ready job. By default that is one step per slice, so a generation advances one token per
+prefill chunk of the other clients' prompts (a chunk costs 10-20 decode steps on this
+CPU). ``decode_share`` gives the generations more: after a slice, decode steps run until
+their time reaches ``share / (1 - share)`` of that slice's (at least one step), i.e. up to
+that share of the model while both kinds of work wait; prefills keep the rest. At most
+``max_jobs`` jobs are started and unfinished at a time (their buffers coexist); the rest
+wait in arrival order.
 
 **Exclusive jobs** (anything that purges the shared prefix cache: FORGET) run alone: they
 start once no other job is in flight and no generation is running, and nothing starts until
@@ -88,10 +93,21 @@ class SchedulerStats:
 class ModelScheduler:
     """Runs model jobs and decode steps of one engine (module docstring)."""
 
-    def __init__(self, engine: Engine, *, max_jobs: int = 8, max_batch: int = 32) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_jobs: int = 8,
+        max_batch: int = 32,
+        decode_share: float = 0.0,
+    ) -> None:
         if max_jobs < 1 or max_batch < 1:
             raise ValueError("max_jobs and max_batch must be at least 1")
+        if not 0.0 <= decode_share < 1.0:
+            raise ValueError("decode_share must be in [0, 1)")
         self.engine, self.max_jobs, self.max_batch = engine, max_jobs, max_batch
+        self.decode_share = decode_share
+        self._last_slice_s = 0.0  # the scheduler thread's own: the last slice's duration
         self._cv = threading.Condition()
         self._waiting: deque[_Job[Any]] = deque()  # submitted, not started
         self._ready: deque[_Job[Any]] = deque()  # started, waiting for their next slice
@@ -164,9 +180,22 @@ class ModelScheduler:
                     return
                 job = self._next_ready()
             if self._generations:
-                self._decode_step()
+                self._decode_steps()
             if job is not None:
+                t0 = time.perf_counter()
                 self._run_slice(job)
+                self._last_slice_s = time.perf_counter() - t0
+
+    def _decode_steps(self) -> None:
+        """One decode step, then more while generations run and their time since the last
+        slice stays under ``decode_share`` of the two together (module docstring)."""
+        share = self.decode_share
+        budget = self._last_slice_s * share / (1.0 - share)
+        self._last_slice_s = 0.0
+        t0 = time.perf_counter()
+        self._decode_step()
+        while self._generations and time.perf_counter() - t0 < budget:
+            self._decode_step()
 
     def _next_ready(self) -> _Job[Any] | None:
         """The ready job that has held the model least so far, oldest first among equals

@@ -31,10 +31,11 @@ class EmbeddedServer:
         prefix_cache_bytes: the shared prefix cache; 0 (default here) turns it off, so each
             session reuses only its own cache (the demo's arms then cannot help each other).
         max_new_tokens: completion length when a request names none.
-        max_running_jobs, max_decode_batch, inline_decode: the model scheduler's
-            (``leyline serve``'s ``--max-running-jobs``, ``--max-decode-batch``,
-            ``--inline-decode``; None: the server's defaults). One job and inline decode is
-            the server before its scheduler: one request's model work after another.
+        max_running_jobs, max_decode_batch, decode_share, inline_decode: the model
+            scheduler's (``leyline serve``'s ``--max-running-jobs``, ``--max-decode-batch``,
+            ``--decode-share``, ``--inline-decode``; None: the server's defaults). One job
+            and inline decode is the server before its scheduler: one request's model work
+            after another.
     """
 
     def __init__(
@@ -46,14 +47,17 @@ class EmbeddedServer:
         startup_timeout_s: float = 120.0,
         max_running_jobs: int | None = None,
         max_decode_batch: int | None = None,
+        decode_share: float | None = None,
         inline_decode: bool = False,
     ) -> None:
         self.port = free_port()
-        scheduling: dict[str, int] = {}
+        scheduling: dict[str, float] = {}
         if max_running_jobs is not None:
             scheduling["max_running_jobs"] = max_running_jobs
         if max_decode_batch is not None:
             scheduling["max_decode_batch"] = max_decode_batch
+        if decode_share is not None:
+            scheduling["decode_share"] = decode_share
         settings = ServerSettings(
             model=model,
             port=self.port,

@@ -73,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "request after another (the baseline the scheduler is measured against)",
     )
     parser.add_argument(
+        "--decode-share",
+        type=float,
+        help="embedded server: leyline serve --decode-share (model time running generations "
+        "may take between two prefill slices; default: the server's, 0)",
+    )
+    parser.add_argument(
         "--arms-apart",
         action="store_true",
         help="run each level's clients in one arm at a time (all splice, then all re-prefill) "
@@ -114,7 +120,11 @@ def run(args: argparse.Namespace) -> int:
         out=args.out,
         progress=not args.no_progress,
         serial=args.serial,
+        decode_share=args.decode_share,
     )
+    if args.decode_share is not None and args.base_url:
+        print("leyline eval mechanism: --decode-share is for the embedded server", file=sys.stderr)
+        return 2
     if args.serial and args.base_url:
         print("leyline eval mechanism: --serial is for the embedded server", file=sys.stderr)
         return 2

@@ -38,6 +38,8 @@ class Options:
     out: Path | None = None
     progress: bool = True
     serial: bool = False
+    decode_share: float | None = None
+    """Embedded server: ``leyline serve --decode-share`` (None: its default)."""
     """Embedded server: one request's model work after another (one job at a time, each
     turn's generation inside it), the server as it was before its scheduler: the baseline."""
 
@@ -52,7 +54,11 @@ def _server(options: Options) -> Iterator[tuple[str, Any]]:
 
     # Sessions only, no shared prefix cache: each arm reuses what its own session holds.
     model = options.settings.model
-    serial = {"max_running_jobs": 1, "inline_decode": True} if options.serial else {}
+    serial: dict[str, Any] = (
+        {"max_running_jobs": 1, "inline_decode": True} if options.serial else {}
+    )
+    if options.decode_share is not None:
+        serial["decode_share"] = options.decode_share
     with EmbeddedServer(model, max_new_tokens=options.settings.max_tokens, **serial) as embedded:
         yield embedded.base_url, embedded.app
 
@@ -93,6 +99,7 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
             "server": options.base_url
             or f"embedded leyline serve{' --serial' if options.serial else ''}",
             "trajectories": len(pool),
+            "decode_share": options.decode_share,
         },
         folder=folder,
     )

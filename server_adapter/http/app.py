@@ -31,6 +31,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
         tenants=True,
         max_jobs=settings.max_running_jobs,
         max_batch=settings.max_decode_batch,
+        decode_share=settings.decode_share,
         inline_decode=settings.inline_decode,
     )
     service = LeylineService(backend, EngineRunner(backend), settings, model_name=name)

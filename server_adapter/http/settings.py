@@ -45,6 +45,9 @@ class ServerSettings:
     prefill chunks (``scheduler``). 1 runs them one after another."""
     max_decode_batch: int = 32
     """Generations stepped together in one batched decode forward."""
+    decode_share: float = 0.0
+    """Model time the running generations may take between two prefill slices, as a share
+    of the two (``scheduler``); 0: one decode step per slice."""
     prefill_chunk: int = 512
     """Tokens a prefill runs in one forward: the slice after which other work may run."""
     inline_decode: bool = False
@@ -53,6 +56,8 @@ class ServerSettings:
     """Tokens a prefill runs in one forward: the slice after which other work may run."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.decode_share < 1.0:
+            raise ValueError(f"decode_share must be in [0, 1), not {self.decode_share}")
         positive = {
             "port": self.port,
             "max_body_bytes": self.max_body_bytes,

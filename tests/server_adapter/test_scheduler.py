@@ -197,3 +197,57 @@ def test_shutdown_refuses_new_work(engine: Engine) -> None:
         scheduler.submit(lambda: 1)
     with pytest.raises(ValueError, match="at least 1"):
         ModelScheduler(engine, max_jobs=0)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.99])
+def test_decode_share_sets_how_far_a_generation_gets_per_prefill_slice(
+    engine: Engine, share: float
+) -> None:
+    scheduler = ModelScheduler(engine, decode_share=share)
+    try:
+        session = SessionCache(engine)
+        session.prefill(random_tokens(20, engine.vocab_size, seed=5))
+        long = SessionCache(engine)
+        prompt = random_tokens(600, engine.vocab_size, seed=6)  # 19 chunks of 32
+        started = threading.Event()
+
+        def prefill() -> None:
+            started.set()
+            long.prefill(prompt)
+
+        job = scheduler.submit(prefill)
+        assert started.wait(timeout=60)
+        generation = scheduler.generate(session.begin_generation(GREEDY))
+        slices_when_done: list[int] = []
+        generation.add_done_callback(lambda _: slices_when_done.append(scheduler.stats().slices))
+        assert len(generation.result(timeout=120).tokens) == GREEDY.max_new_tokens
+        job.result(timeout=120)
+        (slices,) = slices_when_done
+        if share == 0.0:  # one token per slice: the 10 tokens span about 10 slices
+            assert slices >= GREEDY.max_new_tokens - 1
+        else:  # up to 99x the last slice's time in decode steps: done within a few slices
+            assert slices <= 4
+        assert scheduler.stats().slices == 19  # the prefill was sliced as before
+    finally:
+        scheduler.shutdown()
+
+
+def test_decode_share_must_leave_the_jobs_some_time(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="decode_share"):
+        ModelScheduler(engine, decode_share=1.0)
+
+
+def test_the_server_setting_is_checked_and_reaches_the_scheduler(engine: Engine) -> None:
+    from leyline.server_adapter.engine_backend import EngineBackend
+    from leyline.server_adapter.http.settings import ServerSettings
+
+    with pytest.raises(ValueError, match="decode_share"):
+        ServerSettings(decode_share=-0.1)
+    settings = ServerSettings(decode_share=0.25)
+    backend = EngineBackend(
+        engine, limits=settings.limits, model_name="t", decode_share=settings.decode_share
+    )
+    try:
+        assert backend.scheduler.decode_share == 0.25
+    finally:
+        backend.shutdown()
