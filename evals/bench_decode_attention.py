@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from leyline.evals.bench_splice import timed
+from leyline.evals.bench_splice import interleaved_medians
 from leyline.server_adapter.decode_attention import single_query_attention
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
@@ -45,13 +45,7 @@ def bench(n: int, dtype: torch.dtype, runs: int) -> dict[str, float]:
         "sdpa": lambda: F.scaled_dot_product_attention(query, keys, values, enable_gqa=True),
         "matmul": lambda: single_query_attention(query, keys, values, None),
     }
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    for fn in arms.values():
-        fn()
-    for _ in range(runs):
-        for name, fn in arms.items():
-            times[name].append(timed(fn))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return interleaved_medians(arms, runs)
 
 
 def bench_in_model(n: int, runs: int) -> dict[str, float]:

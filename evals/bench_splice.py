@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 import torch
@@ -143,13 +143,7 @@ def measure_bandwidth(engine: Engine, runs: int, rows: int) -> Bandwidth:
         "copy": lambda: dst.copy_(src),
         "linear": linear_layers(engine, rows),
     }
-    times: dict[str, list[float]] = {k: [] for k in arms}
-    for fn in arms.values():
-        fn()
-    for _ in range(runs):
-        for name, fn in arms.items():
-            times[name].append(timed(fn))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = interleaved_medians(arms, runs)
     return Bandwidth(
         nbytes, nbytes / med["read"] / 1e6, nbytes / med["copy"] / 1e6, rows, med["linear"]
     )
@@ -194,6 +188,18 @@ def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return (time.perf_counter() - t0) * 1e3
+
+
+def interleaved_medians(arms: Mapping[str, Callable[[], object]], runs: int) -> dict[str, float]:
+    """Median milliseconds of each arm: every arm run once to warm up, then ``runs`` rounds
+    of all arms in turn, so that machine noise hits them alike."""
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for fn in arms.values():
+        fn()
+    for _ in range(runs):
+        for name, fn in arms.items():
+            times[name].append(timed(fn))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def kl(p: torch.Tensor, q: torch.Tensor) -> float:
@@ -310,13 +316,7 @@ def bench_rotation(engine: Engine, n: int, runs: int) -> dict[str, float]:
         "clone": lambda: [s.clone() for s in src],
         "rotate_alloc": lambda: rotate([torch.empty_like(s) for s in src]),
     }
-    times: dict[str, list[float]] = {k: [] for k in arms}
-    for fn in arms.values():
-        fn()  # warm
-    for _ in range(runs):
-        for name, fn in arms.items():
-            times[name].append(timed(fn))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = interleaved_medians(arms, runs)
     return {
         "tokens": n,
         "bytes": nbytes,

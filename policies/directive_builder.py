@@ -279,17 +279,14 @@ class DirectiveBuilder:
             sent = self._through_last_skill(run, skills)
             if sent:
                 return sent
-        if edits and self.replace_tail and self.render is not None and self._tail_follows_old(run):
-            return 1
+        if edits and self.replace_tail and self.render is not None:
+            return 1 if self._tail_problem(run) is None else 0
         return 0
 
     def _through_last_skill(self, run: Sequence[int], skills: Sequence[int]) -> int:
-        if self.tail is None or not self.old or run[0] == 0:
-            why = "unknown" if self.old and run[0] else "not after a cached message"
-            self.notes.append(f"appended skill messages go as text: the cached tail is {why}")
-            return 0
-        if self._spans_old()[-1].end != self.tail.start:
-            self.notes.append("appended skill messages go as text: the cached tail is elsewhere")
+        problem = self._tail_problem(run)
+        if problem is not None:
+            self.notes.append(f"appended skill messages go as text: the cached tail is {problem}")
             return 0
         rendered = self._rendered_new()
         for k in reversed(skills):  # run[0] > 0: message k's tokens start after k - 1's
@@ -297,11 +294,14 @@ class DirectiveBuilder:
                 return k - run[0] + 1
         return 0
 
-    def _tail_follows_old(self, run: Sequence[int]) -> bool:
-        """The cached tail is known and starts where the old messages' tokens end."""
+    def _tail_problem(self, run: Sequence[int]) -> str | None:
+        """Why the appended messages ``run`` cannot replace the cached tail (None: they can:
+        it is known and starts where the old messages' tokens end)."""
         if self.tail is None or not self.old or run[0] == 0:
-            return False
-        return self._spans_old()[-1].end == self.tail.start
+            return "unknown" if self.old and run[0] else "not after a cached message"
+        if self._spans_old()[-1].end != self.tail.start:
+            return "elsewhere"
+        return None
 
     def _spans_old(self) -> Sequence[MessageSpan]:
         if self._old_spans is None:

@@ -38,10 +38,10 @@ class Options:
     out: Path | None = None
     progress: bool = True
     serial: bool = False
-    decode_share: float | None = None
-    """Embedded server: ``leyline serve --decode-share`` (None: its default)."""
     """Embedded server: one request's model work after another (one job at a time, each
     turn's generation inside it), the server as it was before its scheduler: the baseline."""
+    decode_share: float | None = None
+    """Embedded server: ``leyline serve --decode-share`` (None: its default)."""
 
 
 @contextmanager
@@ -54,12 +54,13 @@ def _server(options: Options) -> Iterator[tuple[str, Any]]:
 
     # Sessions only, no shared prefix cache: each arm reuses what its own session holds.
     model = options.settings.model
-    serial: dict[str, Any] = (
+    scheduling: dict[str, Any] = (
         {"max_running_jobs": 1, "inline_decode": True} if options.serial else {}
     )
     if options.decode_share is not None:
-        serial["decode_share"] = options.decode_share
-    with EmbeddedServer(model, max_new_tokens=options.settings.max_tokens, **serial) as embedded:
+        scheduling["decode_share"] = options.decode_share
+    tokens = options.settings.max_tokens
+    with EmbeddedServer(model, max_new_tokens=tokens, **scheduling) as embedded:
         yield embedded.base_url, embedded.app
 
 

@@ -105,13 +105,8 @@ def test_reusable_tokens_are_the_prompt_tokens_found_in_order_in_the_revision() 
     assert reusable_tokens([1, 2, 3], [3, 2, 1]) == 1  # order matters: one can be kept
 
 
-@pytest.mark.slow
-@pytest.mark.model
-def test_fast_run_against_the_embedded_server(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("matplotlib")
-    argv = ["eval", "mechanism", "--fast", "--levels", "2", "--max-tokens", "1"]
-    argv += ["--trajectories", "synthetic,debug-gym", "--no-progress", "--out", str(tmp_path)]
+def run_cli(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``leyline`` with ``argv`` in a subprocess; it must succeed."""
     done = subprocess.run(
         [sys.executable, "-m", "leyline.cli.main", *argv],
         capture_output=True,
@@ -119,6 +114,17 @@ def test_fast_run_against_the_embedded_server(tmp_path: Path) -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_fast_run_against_the_embedded_server(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    argv = ["eval", "mechanism", "--fast", "--levels", "2", "--max-tokens", "1"]
+    argv += ["--trajectories", "synthetic,debug-gym", "--no-progress", "--out", str(tmp_path)]
+    done = run_cli(argv)
     assert "batches the decode steps" in done.stdout and "argmax agreement" in done.stdout
     report = json.loads((tmp_path / "report.json").read_text())
     assert (tmp_path / "latency_and_hits.png").read_bytes()[:4] == b"\x89PNG"
@@ -164,13 +170,7 @@ def test_arms_apart_run_one_arm_after_the_other(tmp_path: Path) -> None:
     argv = ["eval", "mechanism", "--levels", "2", "--turns", "3", "--max-tokens", "1"]
     argv += ["--trajectories", "synthetic", "--synthetic", "2", "--overhead-reps", "0"]
     argv += ["--arms-apart", "--no-progress", "--out", str(tmp_path)]
-    done = subprocess.run(
-        [sys.executable, "-m", "leyline.cli.main", *argv],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_cli(argv)
     assert "Arms apart" in done.stdout and "interleaved turn by turn" not in done.stdout
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["config"]["arms_apart"] is True
