@@ -1,4 +1,4 @@
-"""One query's attention over a long cache: torch's SDPA vs ``decode_attention``.
+"""One query's attention over a long cache: torch's SDPA vs ``decode_attention``'s paths.
 
 The attention a decode step (and a splice's last token) runs in every layer: one query per
 head against every cached key and value, grouped-query heads read in place. Arms,
@@ -6,15 +6,17 @@ interleaved repetition by repetition so that machine noise hits them alike; figu
 medians:
 
 * ``sdpa``: ``F.scaled_dot_product_attention(..., enable_gqa=True)``, no mask;
-* ``matmul``: ``decode_attention.single_query_attention`` (two batched matrix products
-  over the grouped heads), what the engine runs for fp32.
+* ``matmul``: ``decode_attention.matmul_attention`` (two batched matrix products over the
+  grouped heads), what the engine runs for fp32 without the compiled kernel;
+* ``kernel``: ``attention_kernel`` (compiled; fp32 and bf16), what it runs where it loads.
 
 Shapes are SmolLM2-135M's (9 query heads, 3 key/value heads, head dim 64), keys and values
 views of a larger buffer as the engine's are. ``GB/s`` is the K+V bytes read per second.
 
-``--in-model N`` also runs the same A/B inside the engine (SmolLM2 fp32, an ``N``-token
-session; the path switched off and on run by run): a splice with logits (bench_splice's
-edit), a delete with logits, and one decode step (8 one-token extensions), medians.
+``--in-model N`` also runs the same A/B inside the engine (SmolLM2 in each ``--dtypes``, an
+``N``-token session; ``decode_attention``'s paths switched off and on run by run): a splice
+with logits (bench_splice's edit), a delete with logits, and one decode step (8 one-token
+extensions), medians.
 
 Run: ``.venv/bin/python evals/bench_decode_attention.py`` (``--quick`` for a smoke run).
 """
@@ -30,7 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from leyline.evals.bench_splice import interleaved_medians
-from leyline.server_adapter.decode_attention import single_query_attention
+from leyline.server_adapter import attention_kernel
+from leyline.server_adapter.decode_attention import matmul_attention
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -43,12 +46,15 @@ def bench(n: int, dtype: torch.dtype, runs: int) -> dict[str, float]:
     query = torch.randn(1, HEADS, 1, DIM, generator=g).to(dtype)
     arms: dict[str, Callable[[], object]] = {
         "sdpa": lambda: F.scaled_dot_product_attention(query, keys, values, enable_gqa=True),
-        "matmul": lambda: single_query_attention(query, keys, values, None),
+        "matmul": lambda: matmul_attention(query, keys, values, None),
     }
+    kernel = attention_kernel.load()
+    if kernel is not None:
+        arms["kernel"] = lambda: kernel.attend(query, keys, values, None)
     return interleaved_medians(arms, runs)
 
 
-def bench_in_model(n: int, runs: int) -> dict[str, float]:
+def bench_in_model(n: int, runs: int, dtype: torch.dtype) -> dict[str, float]:
     """Engine arms with the path on (``new``) and off (``old``), interleaved; ms medians."""
     from leyline.evals.bench_splice import document, stub_tokens, timed_edit
     from leyline.protocol.algebra import Edit
@@ -58,7 +64,7 @@ def bench_in_model(n: int, runs: int) -> dict[str, float]:
     from leyline.server_adapter.engine import Engine
     from leyline.server_adapter.session import SessionCache
 
-    engine = Engine.load("smollm2")
+    engine = Engine.load("smollm2", dtype=dtype)
     base = SessionCache(engine)
     base.prefill(document(engine, n))
     start, stub = n // 4, stub_tokens(engine, 16)
@@ -76,7 +82,7 @@ def bench_in_model(n: int, runs: int) -> dict[str, float]:
             fork.release()
 
     def arms(on: bool) -> dict[str, float]:
-        attention.takes_single_query = takes_single_query if on else (lambda q, k: False)
+        attention.takes_single_query = takes_single_query if on else (lambda q, k, v: False)
         try:
             out = {k: timed_edit(base, e, want_logits=True)[0] for k, e in edits.items()}
             return out | {"decode_step": decode_step()}
@@ -113,25 +119,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {args.runs}")
-    print("dtype     context | sdpa_ms matmul_ms  ratio | sdpa_GB/s matmul_GB/s")
+    print(f"# attention kernel: {attention_kernel.status().detail}")
+    print(
+        "dtype     context | sdpa_ms matmul_ms kernel_ms | matmul/sdpa kernel/sdpa"
+        " | GB/s: sdpa matmul kernel"
+    )
+    nan = float("nan")
     for name in args.dtypes:
         dtype = DTYPES[name]
         for n in args.contexts:
             ms = bench(n, dtype, args.runs)
             nbytes = 2 * KV_HEADS * n * DIM * dtype.itemsize
             rate = {arm: nbytes / t / 1e6 for arm, t in ms.items()}
+            k_ms = ms.get("kernel", nan)
             print(
-                f"{name:9} {n:7} | {ms['sdpa']:7.3f} {ms['matmul']:9.3f} "
-                f"{ms['matmul'] / ms['sdpa']:6.2f} | {rate['sdpa']:9.1f} {rate['matmul']:11.1f}"
+                f"{name:9} {n:7} | {ms['sdpa']:7.3f} {ms['matmul']:9.3f} {k_ms:9.3f} | "
+                f"{ms['matmul'] / ms['sdpa']:11.2f} {k_ms / ms['sdpa']:11.2f} | "
+                f"{rate['sdpa']:10.1f} {rate['matmul']:6.1f} {rate.get('kernel', nan):6.1f}"
             )
     if args.in_model is not None:
-        med = bench_in_model(args.in_model, args.model_runs)
-        print(
-            f"# in the engine, SmolLM2 fp32, {args.in_model} tokens, medians of {args.model_runs}"
-        )
-        for arm in ("splice_logits", "delete_logits", "decode_step"):
-            old, new = med[f"{arm}_old"], med[f"{arm}_new"]
-            print(f"{arm:14} sdpa {old:7.1f} ms  matmul {new:7.1f} ms  ratio {new / old:.2f}")
+        for name in args.dtypes:
+            med = bench_in_model(args.in_model, args.model_runs, DTYPES[name])
+            print(
+                f"# in the engine, SmolLM2 {name}, {args.in_model} tokens, medians of "
+                f"{args.model_runs}; new: decode_attention's paths on"
+            )
+            for arm in ("splice_logits", "delete_logits", "decode_step"):
+                old, new = med[f"{arm}_old"], med[f"{arm}_new"]
+                print(f"{arm:14} sdpa {old:7.1f} ms  new {new:7.1f} ms  ratio {new / old:.2f}")
     return 0
 
 

@@ -44,7 +44,7 @@ def grouped_sdpa_forward(
     runs = kwargs.get(QUERY_RUNS_KWARG)
     if isinstance(runs, tuple) and attention_mask is not None and len(runs) > 1:
         return _by_runs(query, key, value, attention_mask, scaling, runs), None
-    if attention_mask is None and takes_single_query(query, key):  # a decode step
+    if attention_mask is None and takes_single_query(query, key, value):  # a decode step
         return single_query_attention(query, key, value, scaling).transpose(1, 2), None
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
@@ -84,7 +84,7 @@ def _by_runs(
     for first, end, seen in runs:
         q = query[:, :, first:end]
         k, v = key[:, :, :seen], value[:, :, :seen]
-        if takes_single_query(q, k):  # a splice's last token: no mask, a decode step's read
+        if takes_single_query(q, k, v):  # a splice's last token: no mask, a decode step's read
             outs.append(single_query_attention(q, k, v, scaling))
             continue
         m = None if end - first == 1 else mask[..., first:end, :seen]

@@ -166,7 +166,7 @@ def rows_attention(
     outs = []
     for b, (keys, values) in enumerate(view.layer(index)):
         q = query[b : b + 1]
-        if takes_single_query(q, keys):  # as a single generation's step computes it
+        if takes_single_query(q, keys, values):  # as a single generation's step computes it
             outs.append(single_query_attention(q, keys, values, scaling))
             continue
         outs.append(

@@ -1,14 +1,16 @@
 """Attention of one query over a long cache, at the speed of reading the cache.
 
-A decode step, and the last token a splice runs again for its next-token logits, is one
-query per head against every cached key and value. torch's CPU flash-attention kernel
-tiles such a call like a prefill's and streams K and V at about 9-13 GB/s on this machine
-(fp32, 4k-8k tokens, 2 threads); two batched matrix products over the grouped heads
-(scores, softmax, weighted values) read them at 14-16 GB/s: 0.39 against 0.49 ms a layer
-at 4k and 0.88 against 1.27 ms at 8k (``evals/bench_decode_attention.py``). Below about
-3k keys (1k at 2 threads, 3k at 1) the flash kernel is as fast or faster, and in bf16 it
-is 2.6-4x faster at every length, so only fp32 calls over :data:`MIN_KEYS` or more keys
-take this path.
+A decode step, a batched decode row, and the last token a splice runs again for its
+next-token logits are one query per head against every cached key and value. Two paths
+beat torch's CPU flash-attention kernel there (``evals/bench_decode_attention.py``):
+
+- the compiled kernel (``attention_kernel``), fp32 or bf16: one read of K and V with fp32
+  sums. In bf16 torch's kernel reads the cache at about 1 GB/s (2.5-3.0 ms a layer at 4k on
+  SmolLM2) and the kernel is 4-8x faster at every length from 256 keys; in fp32 it is
+  1.1-1.3x faster than torch's from 1k keys with AVX-512, 1.2x at 8k with AVX2 only;
+- without the kernel (no compiler, ``LEYLINE_ATTENTION_KERNEL=0``): two batched matrix
+  products over the grouped heads, for fp32 over :data:`MIN_KEYS` or more keys (0.69-0.80x
+  of torch's time at 4k-8k; bf16 products are slower than torch's kernel, so bf16 keeps it).
 
 Grouped-query heads are read in place: query head ``h`` attends with key/value head
 ``h // (heads / kv_heads)``, as ``enable_gqa`` does.
@@ -18,21 +20,31 @@ from __future__ import annotations
 
 import torch
 
+from . import attention_kernel
+
 MIN_KEYS = 3072
 """Shortest cache the matrix-product path runs on (the crossover at one thread)."""
+_WIDE_VECTORS = torch.backends.cpu.get_cpu_capability() == "AVX512"
+KERNEL_MIN_KEYS = {torch.float32: 1024 if _WIDE_VECTORS else 6144, torch.bfloat16: 64}
+"""Shortest cache the compiled kernel runs on, by dtype (below, torch's kernel is as fast).
+fp32's crossover depends on the vector width: 1k keys with AVX-512, 4-6k with AVX2 only
+(an AMD EPYC 7003: 1.04x of torch's time at 4k, 0.83x at 8k)."""
 
 
-def takes_single_query(query: torch.Tensor, key: torch.Tensor) -> bool:
-    """Whether :func:`single_query_attention` runs this call: one row, one query, fp32,
-    at least :data:`MIN_KEYS` keys, query heads a multiple of key/value heads."""
-    return (
-        query.shape[0] == 1
-        and query.shape[2] == 1
-        and key.shape[2] >= MIN_KEYS
-        and query.dtype == torch.float32
-        and key.dtype == torch.float32
-        and query.shape[1] % key.shape[1] == 0
-    )
+def takes_single_query(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether :func:`single_query_attention` runs this call (one row, one query, query
+    heads a multiple of key/value heads): the kernel's tensors past its shortest cache, or
+    fp32 past :data:`MIN_KEYS` for the matrix products."""
+    if query.shape[0] != 1 or query.shape[2] != 1 or query.shape[1] % key.shape[1]:
+        return False
+    n = key.shape[2]
+    if n >= KERNEL_MIN_KEYS.get(key.dtype, n + 1) and attention_kernel.eligible(query, key, value):
+        return attention_kernel.load() is not None or _matmul_takes(query, key)
+    return _matmul_takes(query, key)
+
+
+def _matmul_takes(query: torch.Tensor, key: torch.Tensor) -> bool:
+    return key.shape[2] >= MIN_KEYS and query.dtype == torch.float32 and key.dtype == torch.float32
 
 
 def single_query_attention(
@@ -40,7 +52,18 @@ def single_query_attention(
 ) -> torch.Tensor:
     """``softmax(q k^T * scale) v`` for ``query [1, heads, 1, d]`` over ``key [1, kv, n, d]``
     and ``value [1, kv, n, dv]``; returns ``[1, heads, 1, dv]`` (SDPA's layout), with no mask
-    (the query sees all ``n`` positions)."""
+    (the query sees all ``n`` positions). The compiled kernel where it loads and takes the
+    tensors (never slower than the products), else :func:`matmul_attention`."""
+    kernel = attention_kernel.load()
+    if kernel is not None and attention_kernel.eligible(query, key, value):
+        return kernel.attend(query, key, value, scale)
+    return matmul_attention(query, key, value, scale)
+
+
+def matmul_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """:func:`single_query_attention` as two batched matrix products over the grouped heads."""
     heads, kv_heads = query.shape[1], key.shape[1]
     group = heads // kv_heads
     q = query.reshape(kv_heads, group, query.shape[-1])

@@ -7,16 +7,11 @@ widened exactly, rounded back to nearest even). Eager PyTorch cannot fuse this f
 half-split pairs (no complex view exists for pairs ``d/2`` apart): it takes three passes,
 about half the speed of a copy. This module runs it as one loop in C, at memory speed.
 
-The C source below is compiled once per machine with the system C compiler (``$CC``,
-``cc``, ``gcc`` or ``clang``) into ``$LEYLINE_CACHE_DIR/kernels`` (default
-``~/.cache/leyline/kernels``), keyed by a hash of the source, flags and compiler, and
-loaded with ``ctypes`` (which releases the GIL during the call). Rows are split over
-``torch.get_num_threads()`` OpenMP threads: the library links ``libgomp.so.1``, which
-resolves to the copy torch already loaded, so it shares torch's warm thread pool (a
-fork-join costs what any torch op pays; a compiler without OpenMP gives a one-thread
-build). Without a compiler, on a failed build,
-or with ``LEYLINE_ROPE_KERNEL=0``, :func:`load` returns None and ``rope`` keeps its eager
-path; :func:`status` says why.
+The C source below is compiled once per machine and loaded with ``ctypes``
+(``kernel_build``: cache, compiler, OpenMP). Rows are split over ``torch.get_num_threads()``
+OpenMP threads, on torch's own warm thread pool. Without a compiler, on a failed build, or
+with ``LEYLINE_ROPE_KERNEL=0``, :func:`load` returns None and ``rope`` keeps its eager path;
+:func:`status` says why.
 
 Both arithmetic orders the eager path can take are available (``fused``): ``x1·c`` rounded
 then one fused multiply-add for the cross term (what ``torch.addcmul`` does on AVX2/NEON), or
@@ -27,18 +22,16 @@ the order that reproduces its eager rotation bitwise (see ``rope._kernel_mode``)
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from . import kernel_build
+from .kernel_build import KernelStatus
+
+__all__ = ["KernelStatus", "RopeKernel", "describe", "load", "status"]
 
 MAX_HALF = 512
 """Widest band the kernel takes: 1024 dims (rows are staged on the stack in bf16)."""
@@ -298,15 +291,6 @@ Band = tuple[int, ...]
 sizes, their src strides and their dst strides (elements, outermost first)."""
 
 
-@dataclass(frozen=True, slots=True)
-class KernelStatus:
-    """Whether the fused kernel is in use, and if not, why."""
-
-    available: bool
-    detail: str
-    """The shared library's path, or the reason it is not used."""
-
-
 class RopeKernel:
     """The loaded shared library."""
 
@@ -448,53 +432,14 @@ def describe(dst: torch.Tensor, src: torch.Tensor) -> Band | None:
     return (src.data_ptr(), dst.data_ptr(), *outer)
 
 
-def _cache_dir() -> Path:
-    """``$LEYLINE_CACHE_DIR/kernels`` (else ``$XDG_CACHE_HOME/leyline``, ``~/.cache/leyline``),
-    the same root as the model copies (``models.local_copy.cache_root``)."""
-    explicit = os.environ.get("LEYLINE_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser() / "kernels"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "leyline" / "kernels"
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
 def _flags(openmp: bool) -> list[str]:
-    flags = ["-O3", "-std=c11", "-shared", "-fPIC", "-ffp-contract=off", "-fno-strict-aliasing"]
-    if openmp:
-        flags.append("-fopenmp")
-    capability = torch.backends.cpu.get_cpu_capability()
-    if platform.machine() in ("x86_64", "AMD64") and capability in ("AVX2", "AVX512"):
-        flags += ["-mavx2", "-mfma"]  # what torch's own kernels use on this CPU
-    if platform.machine() in ("x86_64", "AMD64") and capability == "AVX512":
+    flags = [*kernel_build.base_flags(openmp), "-ffp-contract=off"]
+    if "-mavx512f" in flags:
         # AVX-512 instructions at 256 bits by default: fp32 rows ran at 82-87% of a copy
         # with 512-bit vectors against 91-98% at 256; the bf16 rows opt into 512 bits in
         # the source (75-90% of a copy, against 51-69% with AVX2 alone).
-        flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
         flags.append("-mprefer-vector-width=256")
     return flags
-
-
-def _build(cc: str, flags: list[str], target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        source = Path(tmp) / "rope_kernel.c"
-        source.write_text(_SOURCE)
-        built = Path(tmp) / target.name
-        subprocess.run(
-            [cc, *flags, str(source), "-o", str(built), "-lm"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        os.replace(built, target)  # atomic: a concurrent loader sees all of it or nothing
 
 
 _lock = threading.Lock()
@@ -502,45 +447,14 @@ _loaded: RopeKernel | None = None
 _status: KernelStatus | None = None
 
 
-def _load_variant(cc: str, version: str, openmp: bool) -> RopeKernel:
-    flags = _flags(openmp)
-    key = "\0".join([_SOURCE, cc, version, *flags, platform.machine()])
-    target = _cache_dir() / f"rope_kernel-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
-    if not target.exists():
-        _build(cc, flags, target)
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError:  # a damaged cached copy: build it again, once
-        _build(cc, flags, target)
-        lib = ctypes.CDLL(str(target))
-    return RopeKernel(lib, target, threaded=openmp)
-
-
 def _load_uncached() -> tuple[RopeKernel | None, KernelStatus]:
-    if os.environ.get(_ENV_SWITCH, "1").strip().lower() in ("0", "off", "false", "no"):
-        return None, KernelStatus(False, f"disabled by {_ENV_SWITCH}")
-    cc = _compiler()
-    if cc is None:
-        return None, KernelStatus(False, "no C compiler found ($CC, cc, gcc, clang)")
-    try:
-        version = subprocess.run(
-            [cc, "--version"], check=True, capture_output=True, text=True, timeout=30
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        return None, KernelStatus(False, f"{cc} --version failed: {exc}")
-    failures = []
-    for openmp in (True, False):  # without OpenMP (e.g. clang lacking libomp): one thread
-        try:
-            kernel = _load_variant(cc, version, openmp)
-        except subprocess.CalledProcessError as exc:
-            err = exc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-            failures.append(f"build failed: {err[0]}")
-        except (OSError, subprocess.SubprocessError, AttributeError) as exc:
-            failures.append(f"build or load failed: {exc}")
-        else:
-            threads = "OpenMP threads" if openmp else "one thread (no OpenMP)"
-            return kernel, KernelStatus(True, f"{kernel.path} ({threads})")
-    return None, KernelStatus(False, "; ".join(failures))
+    return kernel_build.load_kernel(
+        "rope_kernel",
+        _SOURCE,
+        _flags,
+        lambda lib, path, threaded: RopeKernel(lib, path, threaded=threaded),
+        switch=_ENV_SWITCH,
+    )
 
 
 def load() -> RopeKernel | None:

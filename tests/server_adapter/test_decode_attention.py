@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 
 from leyline.server_adapter.decode_attention import (
     MIN_KEYS,
+    matmul_attention,
     single_query_attention,
     takes_single_query,
 )
@@ -27,8 +29,8 @@ def test_equals_sdpa_on_views_of_a_larger_buffer(
     keys = torch.randn(1, kv_heads, capacity, dim, generator=g)[:, :, :n]
     values = torch.randn(1, kv_heads, capacity, value_dim, generator=g)[:, :, :n]
     query = torch.randn(1, 1, heads, dim, generator=g).transpose(1, 2)  # as the model passes it
-    for scale in (None, 0.3):
-        got = single_query_attention(query, keys, values, scale)
+    for scale, fn in itertools.product((None, 0.3), (single_query_attention, matmul_attention)):
+        got = fn(query, keys, values, scale)
         want = F.scaled_dot_product_attention(
             query, keys, values, scale=scale, enable_gqa=heads != kv_heads
         )
@@ -37,15 +39,24 @@ def test_equals_sdpa_on_views_of_a_larger_buffer(
         assert (got - want).abs().max() < 1e-5
 
 
-def test_only_one_fp32_query_of_one_row_takes_the_path() -> None:
+def test_only_one_query_of_one_row_takes_the_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the compiled kernel (``test_attention_kernel`` covers it): fp32 past
+    ``MIN_KEYS`` only, one query of one row, heads a multiple of kv heads."""
+    from leyline.server_adapter import attention_kernel
+
+    monkeypatch.setattr(attention_kernel, "load", lambda: None)
     k = torch.zeros(1, 3, MIN_KEYS, 8)
-    assert takes_single_query(torch.zeros(1, 9, 1, 8), k)
-    assert not takes_single_query(torch.zeros(1, 9, 1, 8), k[:, :, :-1])  # a short cache
-    assert not takes_single_query(torch.zeros(1, 9, 2, 8), k)  # a run of queries
-    assert not takes_single_query(torch.zeros(2, 9, 1, 8), torch.zeros(2, 3, MIN_KEYS, 8))
-    assert not takes_single_query(torch.zeros(1, 8, 1, 8), k)  # heads not a multiple
+
+    def takes(query: torch.Tensor, keys: torch.Tensor) -> bool:
+        return takes_single_query(query, keys, keys)
+
+    assert takes(torch.zeros(1, 9, 1, 8), k)
+    assert not takes(torch.zeros(1, 9, 1, 8), k[:, :, :-1])  # a short cache
+    assert not takes(torch.zeros(1, 9, 2, 8), k)  # a run of queries
+    assert not takes(torch.zeros(2, 9, 1, 8), torch.zeros(2, 3, MIN_KEYS, 8))
+    assert not takes(torch.zeros(1, 8, 1, 8), k)  # heads not a multiple
     bf16 = torch.zeros(1, 9, 1, 8, dtype=torch.bfloat16)
-    assert not takes_single_query(bf16, k.to(torch.bfloat16))
+    assert not takes(bf16, k.to(torch.bfloat16))  # bf16 products are slower than SDPA
 
 
 @pytest.mark.model
@@ -59,15 +70,16 @@ def test_the_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out.splitlines()
     assert len([line for line in out if line.startswith(("float32", "bfloat16"))]) == 2
     arms = [line.split()[0] for line in out if " ms " in line and "ratio" in line]
-    assert arms == ["splice_logits", "delete_logits", "decode_step"]
+    assert arms == ["splice_logits", "delete_logits", "decode_step"] * 2  # one set per dtype
 
 
 def test_long_decode_steps_and_splices_through_the_path_match_a_plain_forward(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Past ``MIN_KEYS`` cached tokens a decode step and a splice's last token run the
-    matrix-product path inside the model; their logits equal transformers' own forward
-    (eager attention, no cache) of the same tokens."""
+    """Past ``MIN_KEYS`` cached tokens a decode step and a splice's last token run
+    ``single_query_attention`` inside the model (the kernel where it loads, else the matrix
+    products); their logits equal transformers' own forward (eager attention, no cache) of
+    the same tokens."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import leyline.server_adapter.attention as attention

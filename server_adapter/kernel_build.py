@@ -1,0 +1,139 @@
+"""Compile a C kernel once per machine and load it with ``ctypes``.
+
+The engine's CPU kernels (``rope_kernel``: the delta rotation of cached keys;
+``attention_kernel``: one query's attention over a long cache) are C sources compiled with
+the system C compiler (``$CC``, ``cc``, ``gcc`` or ``clang``) into
+``$LEYLINE_CACHE_DIR/kernels`` (default ``~/.cache/leyline/kernels``), keyed by a hash of the
+source, flags and compiler, and loaded with ``ctypes`` (which releases the GIL during a
+call). OpenMP builds link ``libgomp.so.1``, which resolves to the copy torch already loaded,
+so a kernel shares torch's warm thread pool; a compiler without OpenMP gives a one-thread
+build. Without a compiler, on a failed build, or with the kernel's environment switch set to
+``0``, :func:`load_kernel` returns None and the caller keeps its eager path; the
+:class:`KernelStatus` says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+K = TypeVar("K")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelStatus:
+    """Whether a compiled kernel is in use, and if not, why."""
+
+    available: bool
+    detail: str
+    """The shared library's path, or the reason it is not used."""
+
+
+def cache_dir() -> Path:
+    """``$LEYLINE_CACHE_DIR/kernels`` (else ``$XDG_CACHE_HOME/leyline``, ``~/.cache/leyline``),
+    the same root as the model copies (``models.local_copy.cache_root``)."""
+    explicit = os.environ.get("LEYLINE_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser() / "kernels"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "leyline" / "kernels"
+
+
+def compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def base_flags(openmp: bool) -> list[str]:
+    """Optimised, position-independent C11 with the vector ISA torch's own kernels use here
+    (AVX2 + FMA, AVX-512 where torch runs AVX-512)."""
+    flags = ["-O3", "-std=c11", "-shared", "-fPIC", "-fno-strict-aliasing"]
+    if openmp:
+        flags.append("-fopenmp")
+    capability = torch.backends.cpu.get_cpu_capability()
+    if platform.machine() in ("x86_64", "AMD64") and capability in ("AVX2", "AVX512"):
+        flags += ["-mavx2", "-mfma"]
+    if platform.machine() in ("x86_64", "AMD64") and capability == "AVX512":
+        flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+    return flags
+
+
+def _build(cc: str, flags: list[str], source: str, name: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        path = Path(tmp) / f"{name}.c"
+        path.write_text(source)
+        built = Path(tmp) / target.name
+        subprocess.run(
+            [cc, *flags, str(path), "-o", str(built), "-lm"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        os.replace(built, target)  # atomic: a concurrent loader sees all of it or nothing
+
+
+def _load_variant(
+    name: str, source: str, flags: list[str], cc: str, version: str
+) -> tuple[ctypes.CDLL, Path]:
+    key = "\0".join([source, cc, version, *flags, platform.machine()])
+    target = cache_dir() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    if not target.exists():
+        _build(cc, flags, source, name, target)
+    try:
+        return ctypes.CDLL(str(target)), target
+    except OSError:  # a damaged cached copy: build it again, once
+        _build(cc, flags, source, name, target)
+        return ctypes.CDLL(str(target)), target
+
+
+def load_kernel(
+    name: str,
+    source: str,
+    flags: Callable[[bool], list[str]],
+    wrap: Callable[[ctypes.CDLL, Path, bool], K],
+    *,
+    switch: str,
+) -> tuple[K | None, KernelStatus]:
+    """Build (or reuse) and load ``source``; ``flags(openmp)`` gives the compiler flags and
+    ``wrap(lib, path, threaded)`` the caller's typed handle. Tries an OpenMP build first,
+    then a one-thread one. ``switch``: the environment variable that turns it off."""
+    if os.environ.get(switch, "1").strip().lower() in ("0", "off", "false", "no"):
+        return None, KernelStatus(False, f"disabled by {switch}")
+    cc = compiler()
+    if cc is None:
+        return None, KernelStatus(False, "no C compiler found ($CC, cc, gcc, clang)")
+    try:
+        version = subprocess.run(
+            [cc, "--version"], check=True, capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, KernelStatus(False, f"{cc} --version failed: {exc}")
+    failures = []
+    for openmp in (True, False):  # without OpenMP (e.g. clang lacking libomp): one thread
+        try:
+            lib, path = _load_variant(name, source, flags(openmp), cc, version)
+            kernel = wrap(lib, path, openmp)
+        except subprocess.CalledProcessError as exc:
+            err = exc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+            failures.append(f"build failed: {err[0]}")
+        except (OSError, subprocess.SubprocessError, AttributeError) as exc:
+            failures.append(f"build or load failed: {exc}")
+        else:
+            threads = "OpenMP threads" if openmp else "one thread (no OpenMP)"
+            return kernel, KernelStatus(True, f"{path} ({threads})")
+    return None, KernelStatus(False, "; ".join(failures))
