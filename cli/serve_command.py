@@ -95,6 +95,13 @@ def register(commands: Any) -> None:
         help="shared prefix cache budget; 0 turns it off",
     )
     limits.add_argument(
+        "--release-freed-memory",
+        action="store_true",
+        help="hand freed KV buffers back to the OS (resident memory then tracks what is in "
+        "use, but every splice and generation pays first-touch page faults on its new KV; "
+        "by default freed memory stays in the process for the next buffer)",
+    )
+    limits.add_argument(
         "--max-new-tokens",
         type=int,
         default=256,
@@ -155,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    retained = not args.release_freed_memory and _retain_freed_memory()
     try:
         settings = ServerSettings(
             model=args.model,
@@ -187,11 +195,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(
         f"leyline: {app.state.engine.loaded.label} ready in {time.perf_counter() - t0:.1f}s; "
-        f"serving on http://{settings.host}:{settings.port} (docs at /docs)",
+        f"serving on http://{settings.host}:{settings.port} (docs at /docs)"
+        f"{'' if retained else '; freed memory released to the OS'}",
         file=sys.stderr,
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0
+
+
+def _retain_freed_memory() -> bool:
+    # Process-wide, hence here and not in build_app: an embedding application decides its own.
+    from leyline.server_adapter.allocator import retain_freed_memory
+
+    return retain_freed_memory()
 
 
 def _gib_or_none(gib: float | None) -> int | None:

@@ -90,3 +90,32 @@ def test_serve_without_the_server_extras_says_what_to_install() -> None:
     assert done.returncode != 0
     assert "pip install 'leyline[server]'" in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "retained"), [((), True), (("--release-freed-memory",), False)]
+)
+def test_serve_keeps_freed_memory_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch, options: tuple[str, ...], retained: bool
+) -> None:
+    """The server opts in to ``allocator.retain_freed_memory`` before loading the model, so
+    its splices and generations reuse mapped KV buffers; ``--release-freed-memory`` opts out."""
+    pytest.importorskip("fastapi")
+    from leyline.cli.main import main
+    from leyline.server_adapter import allocator
+    from leyline.server_adapter.http import serve
+
+    calls: list[str] = []
+
+    def retain() -> bool:
+        calls.append("retain")
+        return True
+
+    def build_app(*args: object, **kwargs: object) -> None:
+        calls.append("build_app")
+        raise ValueError("stopped before loading a model")
+
+    monkeypatch.setattr(allocator, "retain_freed_memory", retain)
+    monkeypatch.setattr(serve, "build_app", build_app)
+    assert main(["serve", *options]) == 2
+    assert calls == (["retain", "build_app"] if retained else ["build_app"])
