@@ -5,12 +5,13 @@ next-token logits are one query per head against every cached key and value. Two
 beat torch's CPU flash-attention kernel there (``evals/bench_decode_attention.py``):
 
 - the compiled kernel (``attention_kernel``), fp32 or bf16: one read of K and V with fp32
-  sums. In bf16 torch's kernel reads the cache at about 1 GB/s (2.5-3.0 ms a layer at 4k on
-  SmolLM2) and the kernel is 4-8x faster at every length from 256 keys; in fp32 it is
-  1.1-1.3x faster than torch's from 1k keys with AVX-512, 1.2x at 8k with AVX2 only;
+  sums. In bf16 torch's kernel reads the cache at about 1 GB/s (3.0 ms a layer at 4k on
+  SmolLM2) and the kernel is 2.7x faster at 256 keys, 6.7x at 4k, 7.4x at 8k; in fp32
+  1.5x faster at 1k keys, 2x at 4k-8k;
 - without the kernel (no compiler, ``LEYLINE_ATTENTION_KERNEL=0``): two batched matrix
   products over the grouped heads, for fp32 over :data:`MIN_KEYS` or more keys (0.69-0.80x
-  of torch's time at 4k-8k; bf16 products are slower than torch's kernel, so bf16 keeps it).
+  of torch's time at 4k-8k on the Intel Xeon it was tuned on, but 1.1-1.2x on an AMD EPYC
+  7003; bf16 products are slower than torch's kernel everywhere, so bf16 keeps it).
 
 Grouped-query heads are read in place: query head ``h`` attends with key/value head
 ``h // (heads / kv_heads)``, as ``enable_gqa`` does.
@@ -24,11 +25,9 @@ from . import attention_kernel
 
 MIN_KEYS = 3072
 """Shortest cache the matrix-product path runs on (the crossover at one thread)."""
-_WIDE_VECTORS = torch.backends.cpu.get_cpu_capability() == "AVX512"
-KERNEL_MIN_KEYS = {torch.float32: 1024 if _WIDE_VECTORS else 6144, torch.bfloat16: 64}
-"""Shortest cache the compiled kernel runs on, by dtype (below, torch's kernel is as fast).
-fp32's crossover depends on the vector width: 1k keys with AVX-512, 4-6k with AVX2 only
-(an AMD EPYC 7003: 1.04x of torch's time at 4k, 0.83x at 8k)."""
+KERNEL_MIN_KEYS = {torch.float32: 512, torch.bfloat16: 64}
+"""Shortest cache the compiled kernel runs on, by dtype (below, torch's kernel is as fast:
+fp32 0.93x of its time at 512 keys, 1.39x at 256, on an AMD EPYC 7003 with AVX2)."""
 
 
 def takes_single_query(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:

@@ -47,6 +47,7 @@ SHAPES = [
     (8, 8, 24, 16, 300),  # no grouping, widths that are not multiples of 16
     (4, 1, 32, 32, 1),  # one key
     (6, 2, 8, 8, 77),
+    (4, 2, 20, 12, 333),  # widths off the 8-lane paths: scalar scores, a value tail of 4
     (16, 16, 192, 128, 600),  # MLA's decompressed heads: key 192 (nope 128 + rope 64), value 128
 ]
 
@@ -88,6 +89,42 @@ def test_bf16_is_the_fp64_softmax_of_its_inputs_rounded_once(
     want = _reference(query, keys, values, None)
     ulp = 2.0**-8 * want.abs() + 1e-6  # one bf16 rounding of the exact value, plus fp32 sums
     assert ((got.double() - want).abs() <= ulp).all()
+
+
+@pytest.fixture(scope="module")
+def portable_kernel() -> AttentionKernel:
+    """The same source built without the x86 vector flags: the portable C path that CPUs
+    without AVX2 + FMA (and widths off the 8-lane paths) run."""
+    from leyline.server_adapter import kernel_build
+
+    def flags(openmp: bool) -> list[str]:
+        vector = ("-mavx", "-mfma", "-mprefer-vector-width")
+        return [f for f in attention_kernel._flags(openmp) if not f.startswith(vector)]
+
+    loaded, status = kernel_build.load_kernel(
+        "attention_kernel_portable",
+        attention_kernel._SOURCE,
+        flags,
+        lambda lib, path, threaded: AttentionKernel(lib, path, threaded=threaded),
+        switch="LEYLINE_ATTENTION_KERNEL",
+    )
+    if loaded is None:
+        pytest.skip(f"portable build unavailable: {status.detail}")
+    return loaded
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "value_dim", "n"), SHAPES)
+def test_the_portable_build_agrees_in_both_dtypes(
+    portable_kernel: AttentionKernel, heads: int, kv_heads: int, dim: int, value_dim: int, n: int
+) -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        query, keys, values = _inputs(heads, kv_heads, dim, value_dim, n, dtype, n + 2)
+        want = _reference(query, keys, values, None)
+        got = portable_kernel.attend(query, keys, values, None).double()
+        if dtype == torch.float32:
+            assert (got - want).abs().max() < 2e-6
+        else:
+            assert ((got - want).abs() <= 2.0**-8 * want.abs() + 1e-6).all()
 
 
 def test_one_and_two_threads_agree(kernel: AttentionKernel) -> None:
