@@ -5,7 +5,8 @@ KV buffer of a splice or a generation pays first-touch page faults: measured her
 94 MB costs 31-69 ms instead of 20 ms for copying into memory already mapped. Raising the
 mmap threshold and the trim threshold keeps freed blocks in the heap for the next buffer.
 
-Process-wide, so it is opt-in: a server or a benchmark calls it once at start.
+Process-wide, so it is opt-in: ``leyline serve`` (unless ``--release-freed-memory``) and the
+benchmarks call it once at start; a library embedding the engine decides for itself.
 """
 
 from __future__ import annotations
