@@ -290,7 +290,9 @@ def test_eager_logits_equal_lazy_logits(case: tuple[str, Engine]) -> None:
     eager.compose(skill, len(tokens), seam_tokens=4, want_logits=True)
     lazy.compose(skill, len(tokens), seam_tokens=4)
     assert eager.state.logits is not None and lazy.state.logits is None
-    assert rel_err(eager.state.logits, lazy.next_token_logits()) <= 1e-6
+    # the eager last token is one row of the pass's matrix products, the lazy one a lone
+    # row: different GEMM kernels, whose fp32 sums differ by ~1e-6 relative on AVX2 CPUs
+    assert rel_err(eager.state.logits, lazy.next_token_logits()) <= 1e-5
 
 
 # -- (d) failures change nothing; fallback -------------------------------------------------

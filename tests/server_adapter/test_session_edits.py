@@ -163,7 +163,9 @@ def test_eager_logits_equal_lazy_logits(llama_engine: Engine) -> None:
     eager.apply_edits([edit], want_logits=True)
     lazy.apply_edits([edit])
     assert eager.state.logits is not None and lazy.state.logits is None
-    assert rel_err(eager.state.logits, lazy.next_token_logits()) <= 1e-6
+    # the eager last token is one row of the pass's matrix products, the lazy one a lone
+    # row: different GEMM kernels, whose fp32 sums differ by ~1e-6 relative on AVX2 CPUs
+    assert rel_err(eager.state.logits, lazy.next_token_logits()) <= 1e-5
     assert all(
         rel_err(a[s], b[s]) <= 1e-6
         for a, b in zip(eager.kv, lazy.kv, strict=True)
