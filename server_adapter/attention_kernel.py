@@ -24,7 +24,6 @@ a compiler :func:`load` returns None and ``decode_attention`` keeps torch's kern
 from __future__ import annotations
 
 import ctypes
-import threading
 from pathlib import Path
 
 import torch
@@ -508,33 +507,20 @@ def _flags(openmp: bool) -> list[str]:
     return flags
 
 
-_lock = threading.Lock()
-_loaded: AttentionKernel | None = None
-_status: KernelStatus | None = None
-
-
-def _load_uncached() -> tuple[AttentionKernel | None, KernelStatus]:
-    return kernel_build.load_kernel(
-        "attention_kernel",
-        _SOURCE,
-        _flags,
-        lambda lib, path, threaded: AttentionKernel(lib, path, threaded=threaded),
-        switch=_ENV_SWITCH,
-    )
+_kernel = kernel_build.LazyKernel(
+    "attention_kernel",
+    _SOURCE,
+    _flags,
+    lambda lib, path, threaded: AttentionKernel(lib, path, threaded=threaded),
+    switch=_ENV_SWITCH,
+)
 
 
 def load() -> AttentionKernel | None:
     """The kernel, compiled and loaded on first use (once per process); None if unusable."""
-    global _loaded, _status
-    if _status is None:
-        with _lock:
-            if _status is None:
-                _loaded, _status = _load_uncached()
-    return _loaded
+    return _kernel.load()
 
 
 def status() -> KernelStatus:
     """Whether :func:`load` found a kernel, and the library's path or the reason."""
-    load()
-    assert _status is not None
-    return _status
+    return _kernel.status()

@@ -21,10 +21,11 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import torch
 
@@ -137,3 +138,37 @@ def load_kernel(
             threads = "OpenMP threads" if openmp else "one thread (no OpenMP)"
             return kernel, KernelStatus(True, f"{path} ({threads})")
     return None, KernelStatus(False, "; ".join(failures))
+
+
+class LazyKernel(Generic[K]):
+    """A kernel built and loaded on first use, once per process (thread-safe); the module
+    of each kernel holds one and exposes its ``load()`` and ``status()``."""
+
+    def __init__(
+        self,
+        name: str,
+        source: str,
+        flags: Callable[[bool], list[str]],
+        wrap: Callable[[ctypes.CDLL, Path, bool], K],
+        *,
+        switch: str,
+    ) -> None:
+        self._args = (name, source, flags, wrap)
+        self._switch = switch
+        self._lock = threading.Lock()
+        self._loaded: K | None = None
+        self._status: KernelStatus | None = None
+
+    def load(self) -> K | None:
+        """The kernel, or None if unusable (see :meth:`status`)."""
+        if self._status is None:
+            with self._lock:
+                if self._status is None:
+                    self._loaded, self._status = load_kernel(*self._args, switch=self._switch)
+        return self._loaded
+
+    def status(self) -> KernelStatus:
+        """Whether :meth:`load` found a kernel, and the library's path or the reason."""
+        self.load()
+        assert self._status is not None
+        return self._status

@@ -22,7 +22,6 @@ the order that reproduces its eager rotation bitwise (see ``rope._kernel_mode``)
 from __future__ import annotations
 
 import ctypes
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -442,33 +441,20 @@ def _flags(openmp: bool) -> list[str]:
     return flags
 
 
-_lock = threading.Lock()
-_loaded: RopeKernel | None = None
-_status: KernelStatus | None = None
-
-
-def _load_uncached() -> tuple[RopeKernel | None, KernelStatus]:
-    return kernel_build.load_kernel(
-        "rope_kernel",
-        _SOURCE,
-        _flags,
-        lambda lib, path, threaded: RopeKernel(lib, path, threaded=threaded),
-        switch=_ENV_SWITCH,
-    )
+_kernel = kernel_build.LazyKernel(
+    "rope_kernel",
+    _SOURCE,
+    _flags,
+    lambda lib, path, threaded: RopeKernel(lib, path, threaded=threaded),
+    switch=_ENV_SWITCH,
+)
 
 
 def load() -> RopeKernel | None:
     """The kernel, compiled and loaded on first use (once per process); None if unusable."""
-    global _loaded, _status
-    if _status is None:
-        with _lock:
-            if _status is None:
-                _loaded, _status = _load_uncached()
-    return _loaded
+    return _kernel.load()
 
 
 def status() -> KernelStatus:
     """Whether :func:`load` found a kernel, and the library's path or the reason."""
-    load()
-    assert _status is not None
-    return _status
+    return _kernel.status()

@@ -182,7 +182,7 @@ def test_the_engine_path_takes_bf16_with_the_kernel_and_not_without(
 
 def test_switched_off_by_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LEYLINE_ATTENTION_KERNEL", "0")
-    monkeypatch.setattr(attention_kernel, "_status", None)
-    monkeypatch.setattr(attention_kernel, "_loaded", None)
+    monkeypatch.setattr(attention_kernel._kernel, "_status", None)
+    monkeypatch.setattr(attention_kernel._kernel, "_loaded", None)
     assert attention_kernel.load() is None
     assert "LEYLINE_ATTENTION_KERNEL" in attention_kernel.status().detail

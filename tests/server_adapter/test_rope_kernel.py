@@ -247,8 +247,8 @@ def test_what_the_kernel_does_not_take_runs_eager() -> None:
 
 def test_disabled_kernel_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LEYLINE_ROPE_KERNEL", "0")
-    monkeypatch.setattr(rope_kernel, "_status", None)
-    monkeypatch.setattr(rope_kernel, "_loaded", None)
+    monkeypatch.setattr(rope_kernel._kernel, "_status", None)
+    monkeypatch.setattr(rope_kernel._kernel, "_loaded", None)
     rope._kernel_mode.cache_clear()
     try:
         assert rope_kernel.load() is None
@@ -263,13 +263,13 @@ def test_disabled_kernel_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_built_once_into_the_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("LEYLINE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(rope_kernel, "_status", None)
-    monkeypatch.setattr(rope_kernel, "_loaded", None)
+    monkeypatch.setattr(rope_kernel._kernel, "_status", None)
+    monkeypatch.setattr(rope_kernel._kernel, "_loaded", None)
     assert rope_kernel.load() is not None
     built = list((tmp_path / "kernels").glob("rope_kernel-*.so"))
     assert len(built) == 1 and rope_kernel.status().detail.startswith(str(built[0]))
     mtime = built[0].stat().st_mtime_ns
-    monkeypatch.setattr(rope_kernel, "_status", None)
+    monkeypatch.setattr(rope_kernel._kernel, "_status", None)
     assert rope_kernel.load() is not None and built[0].stat().st_mtime_ns == mtime
 
 
