@@ -43,6 +43,7 @@ from leyline.protocol.directives import Mode
 from leyline.server_adapter.allocator import retain_freed_memory
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.kv_blocks import kv_nbytes
+from leyline.server_adapter.packed_linear import PackedLinear, linear_weight_bytes
 from leyline.server_adapter.rope import rotate_many_into
 from leyline.server_adapter.session import SessionCache
 
@@ -115,27 +116,34 @@ class Bandwidth:
 
 
 def linear_layers(engine: Engine, rows: int) -> Callable[[], object]:
-    """One call of every ``nn.Linear`` of the model on ``rows`` random rows (the output
-    head on one row, as ``logits_to_keep=1`` runs it)."""
+    """One call of every linear layer of the model on ``rows`` random rows (the output head
+    on one row, as ``logits_to_keep=1`` runs it), through the modules the engine runs: on
+    oneDNN's packed weights where it packed them (``packed_linear``)."""
     head = engine.model.get_output_embeddings()
     calls = []
     for module in engine.model.modules():
-        if isinstance(module, torch.nn.Linear):
+        if isinstance(module, torch.nn.Linear | PackedLinear):
             n = 1 if module is head else rows
-            x = torch.randn(n, module.in_features, dtype=module.weight.dtype)
-            calls.append((x, module.weight, module.bias))
+            dtype = module.dtype if isinstance(module, PackedLinear) else module.weight.dtype
+            calls.append((module, torch.randn(1, n, module.in_features, dtype=dtype)))
 
     def run() -> None:
         with torch.no_grad():
-            for x, w, b in calls:
-                torch.nn.functional.linear(x, w, b)
+            for module, x in calls:
+                module(x)
 
     return run
 
 
+def packing_label(engine: Engine) -> str:
+    report = engine.packing
+    if report.packed:
+        return f"{report.packed} linear layers on oneDNN-packed weights"
+    return f"linear layers unpacked ({report.reason})"
+
+
 def measure_bandwidth(engine: Engine, runs: int, rows: int) -> Bandwidth:
-    weights = [p.detach() for p in engine.model.parameters()]
-    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    nbytes = linear_weight_bytes(engine.model)
     src = torch.empty(nbytes // 4, dtype=torch.float32).uniform_()
     dst = torch.empty_like(src)
     arms: dict[str, Callable[[], object]] = {
@@ -465,7 +473,8 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
         f"{bandwidth.weight_bytes / 1e6:.0f} MB of weights, read "
         f"{bandwidth.read_GBps:.1f} GB/s, copy {bandwidth.copy_GBps:.1f} GB/s; linear layers "
         f"on {bandwidth.linear_rows} rows {bandwidth.linear_ms:.1f} ms (streaming the "
-        f"weights: {bandwidth.weight_bytes / bandwidth.read_GBps / 1e6:.1f} ms)"
+        f"weights: {bandwidth.weight_bytes / bandwidth.read_GBps / 1e6:.1f} ms), "
+        f"{packing_label(engine)}"
     )
     print(
         "context prefill_s | splice_ms +logits_ms 2-pass_ms floor_ms x_floor cfloor_ms x_cfloor "

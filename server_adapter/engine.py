@@ -22,6 +22,7 @@ from .forward import DEFAULT_PREFILL_CHUNK, KVBuffers, forward_at, forward_into,
 from .kv_blocks import KVCache
 from .layouts import CacheLayout, detect_layout
 from .models import LoadedModel, load_model
+from .packed_linear import PackReport, pack_linear_layers
 from .prefix_cache import PrefixCache
 from .rope import RopeSpec, rope_spec
 from .run_executor import ForwardAt
@@ -47,6 +48,8 @@ class Engine:
         # transformers' PreTrainedModel.eval() is unannotated (it returns the model itself).
         self.model: PreTrainedModel = loaded.model.eval()  # type: ignore[no-untyped-call]
         use_grouped_sdpa(self.model)  # grouped heads read in place: see ``attention``
+        self.packing: PackReport = pack_linear_layers(self.model)
+        """Linear layers on oneDNN's packed weights (``packed_linear``), or why not."""
         self.tokenizer = loaded.tokenizer
         self.prefix_cache = prefix_cache
         self.prefill_chunk = prefill_chunk

@@ -1,0 +1,118 @@
+"""Linear layers on oneDNN's prepacked weights: the matrix products of a CPU forward.
+
+A forward of a few tokens is one matrix product per linear layer with 1 to a few dozen
+rows. torch's default CPU path (``F.linear`` on a row-major weight) streams the weights at
+about 9 GB/s for one row on this machine, against 25-33 GB/s for a plain read, and reaches
+about 45 GFLOP/s for 17 rows. The same products on a weight reordered once into oneDNN's
+blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, what torch's own CPU inductor
+uses for frozen weights) run 1.3-2x faster at every row count measured, prefill chunks of
+512 rows included (``docs/perf.md``, "Linear layers on packed weights").
+
+:func:`pack_linear_layers` swaps every ``nn.Linear`` of a CPU model in fp32 or bf16 for a
+:class:`PackedLinear` holding only the packed weight: no second copy of the weights stays
+behind, except for an output head tied to the input embedding (the embedding keeps the
+shared matrix, the head packs its own copy). The results are the plain product's within
+fp32 rounding (a different summation order); ``tests/server_adapter/test_packed_linear.py``
+checks them against fp64.
+
+``LEYLINE_PACKED_LINEAR=0`` keeps torch's default path (for comparison, or where oneDNN
+misbehaves); anything else, or unset, packs where the CPU supports the dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+SWITCH = "LEYLINE_PACKED_LINEAR"
+ROWS_HINT = 64
+"""The row count oneDNN is told to expect when it picks the packed layout; measured best
+or tied for 1-512 rows on this machine (``evals/bench_packed_linear.py``)."""
+
+
+class PackedLinear(nn.Module):
+    """``y = x Wᵀ + b`` with ``W`` held in oneDNN's packed layout (inference only)."""
+
+    def __init__(self, linear: nn.Linear, rows_hint: int = ROWS_HINT) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()
+        self.dtype = weight.dtype
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.dtype:
+            raise TypeError(f"PackedLinear holds {self.dtype} weights, got {x.dtype} input")
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x, self.packed, self.bias, "none", [], ""
+        )
+        return out
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight in its plain layout (a fresh copy: for inspection, not the hot path)."""
+        dense: torch.Tensor = self.packed.to_dense()
+        return dense
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, {self.dtype}, oneDNN-packed"
+
+
+def linear_weight_bytes(model: nn.Module) -> int:
+    """Bytes of every linear layer's weight, packed or not (the output head included, tied
+    or not): what a forward of a few tokens streams."""
+    total = 0
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            total += m.weight.numel() * m.weight.element_size()
+        elif isinstance(m, PackedLinear):
+            total += m.in_features * m.out_features * m.dtype.itemsize
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class PackReport:
+    """What :func:`pack_linear_layers` did, for ``leyline info`` and benchmarks."""
+
+    packed: int
+    reason: str
+    """Why nothing was packed (empty when some layers were)."""
+
+
+def packing_refusal(model: nn.Module) -> str:
+    """Why this model's linear layers stay on torch's default path; empty if they can pack."""
+    if os.environ.get(SWITCH, "1").strip() == "0":
+        return f"{SWITCH}=0"
+    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return "torch was built without oneDNN"
+    params = list(model.parameters())
+    if not params or params[0].device.type != "cpu":
+        return "the model is not on the CPU"
+    dtype = params[0].dtype
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"{dtype} weights"
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "this CPU has no native bf16 products for oneDNN"
+    return ""
+
+
+@torch.no_grad()
+def pack_linear_layers(model: nn.Module, rows_hint: int = ROWS_HINT) -> PackReport:
+    """Replace every ``nn.Linear`` of ``model`` by a :class:`PackedLinear`, in place."""
+    reason = packing_refusal(model)
+    if reason:
+        return PackReport(0, reason)
+    targets = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear
+    ]
+    for parent, name, child in targets:
+        setattr(parent, name, PackedLinear(child, rows_hint))
+    packed = sum(isinstance(m, PackedLinear) for m in model.modules())  # earlier calls too
+    return PackReport(packed, "" if packed else "no nn.Linear layers")
