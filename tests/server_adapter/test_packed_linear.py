@@ -81,7 +81,10 @@ def test_an_input_of_another_dtype_is_refused() -> None:
         packed(torch.randn(2, 8).to(torch.bfloat16))
 
 
-def test_a_packed_model_gives_the_unpacked_models_logits_and_holds_no_second_copy() -> None:
+def test_a_packed_model_gives_the_unpacked_models_logits_and_holds_no_second_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(SWITCH, "1")
     plain, packed = tiny_llama(seed=3).model, tiny_llama(seed=3).model
     linears = sum(type(m) is nn.Linear for m in plain.modules())
     before = sum(p.numel() for p in packed.parameters())
@@ -106,8 +109,16 @@ def test_the_switch_keeps_torchs_default_path(monkeypatch: pytest.MonkeyPatch) -
     assert any(type(m) is nn.Linear for m in engine.model.modules())
 
 
-def test_the_engine_packs_by_default_and_says_why_not_where_it_cannot() -> None:
+def test_the_engine_packs_by_default_on_avx512_and_says_why_not_where_it_cannot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(SWITCH, raising=False)
     engine = Engine(tiny_llama(seed=5))
-    assert engine.packing.packed > 0 and not engine.packing.reason
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        assert engine.packing.packed > 0 and not engine.packing.reason
+    else:
+        assert engine.packing.packed == 0 and "AVX-512" in engine.packing.reason
+    monkeypatch.setenv(SWITCH, "1")
+    assert Engine(tiny_llama(seed=5)).packing.packed > 0
     half = tiny_llama(seed=5).model.to(torch.float16)
     assert packing_refusal(half) == "torch.float16 weights"
