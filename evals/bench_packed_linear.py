@@ -1,10 +1,13 @@
-"""Every linear layer of a model: torch's default ``F.linear`` vs oneDNN's packed weights.
+"""Every linear layer of a model: torch's default ``F.linear`` vs oneDNN's packed weights
+vs ``linear_kernel`` reading the packed weights.
 
 The matrix products of one forward: each linear layer of the model once, on ``rows`` rows
 (the output head on one row, as ``logits_to_keep=1`` runs it), from fresh weights in both
 arms (two copies of the model's linear weights, one plain and one packed, so neither arm
 finds the other's weights in cache). Arms interleaved, medians; ``GB/s`` is weight bytes
-over time, ``GFLOP/s`` the products' arithmetic.
+over time, ``GFLOP/s`` the products' arithmetic. The ``kernel`` arm runs every row count on
+``linear_kernel`` (the engine sends it at most ``KERNEL_MAX_ROWS`` rows), bound to the
+``packed@64`` arm's buffers.
 
 Run: ``.venv/bin/python evals/bench_packed_linear.py`` (``--quick`` for a smoke run);
 ``--hints`` compares the row counts oneDNN is told to pack for.
@@ -19,6 +22,8 @@ import torch
 from torch import nn
 
 from leyline.evals.bench_splice import interleaved_medians
+from leyline.server_adapter import linear_kernel
+from leyline.server_adapter.linear_kernel import DirectLinear
 from leyline.server_adapter.models import load_model
 from leyline.server_adapter.packed_linear import ROWS_HINT, PackedLinear, packing_refusal
 
@@ -30,6 +35,17 @@ def plain_layers(model: nn.Module) -> list[nn.Linear]:
     head = model.get_output_embeddings()  # type: ignore[operator]
     layers = [m for m in model.modules() if type(m) is nn.Linear and m is not head]
     return [*layers, head]
+
+
+def kernel_layers(layers: list[nn.Linear], packed: list[PackedLinear]) -> list[DirectLinear]:
+    """The layers bound to ``linear_kernel`` on ``packed``'s buffers; empty when the kernel
+    is unusable or oneDNN packed a layer in another layout."""
+    kernel = linear_kernel.load()
+    if kernel is None:
+        return []
+    pairs = zip(layers, packed, strict=True)
+    bound = [kernel.bind(p.packed, m.weight.detach(), p.bias) for m, p in pairs]
+    return [] if any(b is None for b in bound) else [b for b in bound if b is not None]
 
 
 def run_all(calls: list[tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]]) -> None:
@@ -46,11 +62,19 @@ def bench_dtype(args: argparse.Namespace, name: str) -> list[dict[str, float | i
         return []
     layers = plain_layers(model)
     weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in layers)
-    packed = {h: [PackedLinear(m, h) for m in layers] for h in args.hints}
+    packed = {h: [PackedLinear(m, h) for m in layers] for h in {*args.hints, ROWS_HINT}}
+    direct = kernel_layers(layers, packed[ROWS_HINT])
+    if not direct:
+        print(f"# {name}: no kernel arm ({linear_kernel.status().detail})")
     macs = sum(m.in_features * m.out_features for m in layers[:-1])
     head_macs = layers[-1].in_features * layers[-1].out_features
     print(f"# {name}: {len(layers)} linear layers, {weight_bytes / 1e6:.0f} MB of weights")
-    print("rows | plain_ms GB/s GFLOP/s | " + " | ".join(f"packed@{h}_ms x" for h in args.hints))
+    kernel_head = " | kernel_ms x" if direct else ""
+    print(
+        "rows | plain_ms GB/s GFLOP/s | "
+        + " | ".join(f"packed@{h}_ms x" for h in args.hints)
+        + kernel_head
+    )
     rows_out: list[dict[str, float | int | str]] = []
     for rows in args.rows:
         last = len(layers) - 1
@@ -60,12 +84,18 @@ def bench_dtype(args: argparse.Namespace, name: str) -> list[dict[str, float | i
         ]
         arms = {"plain": lambda xs=xs: run_all(list(zip(layers, xs, strict=True)))}
         for h, mods in packed.items():
-            arms[f"packed@{h}"] = lambda mods=mods, xs=xs: run_all(list(zip(mods, xs, strict=True)))
+            if h in args.hints:
+                arms[f"packed@{h}"] = lambda mods=mods, xs=xs: run_all(
+                    list(zip(mods, xs, strict=True))
+                )
+        if direct:
+            arms["kernel"] = lambda xs=xs: run_all(list(zip(direct, xs, strict=True)))
         med = interleaved_medians(arms, args.runs)
         flops = 2 * (rows * macs + head_macs)
         plain = med["plain"]
         cells = " | ".join(
-            f"{med[f'packed@{h}']:9.1f} {plain / med[f'packed@{h}']:4.2f}x" for h in args.hints
+            f"{med[arm]:9.1f} {plain / med[arm]:4.2f}x"
+            for arm in [*(f"packed@{h}" for h in args.hints), *(["kernel"] if direct else [])]
         )
         print(
             f"{rows:4d} | {plain:8.1f} {weight_bytes / plain / 1e6:5.1f} "

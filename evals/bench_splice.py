@@ -138,7 +138,8 @@ def linear_layers(engine: Engine, rows: int) -> Callable[[], object]:
 def packing_label(engine: Engine) -> str:
     report = engine.packing
     if report.packed:
-        return f"{report.packed} linear layers on oneDNN-packed weights"
+        kernel = f", {report.direct} with few-row products on linear_kernel" * bool(report.direct)
+        return f"{report.packed} linear layers on oneDNN-packed weights{kernel}"
     return f"linear layers unpacked ({report.reason})"
 
 

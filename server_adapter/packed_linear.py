@@ -6,7 +6,9 @@ about 9 GB/s for one row on this machine, against 25-33 GB/s for a plain read, a
 about 45 GFLOP/s for 17 rows. The same products on a weight reordered once into oneDNN's
 blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, what torch's own CPU inductor
 uses for frozen weights) run 1.3-2x faster at every row count measured, prefill chunks of
-512 rows included (``docs/perf.md``, "Linear layers on packed weights").
+512 rows included (``docs/perf.md``, "Linear layers on packed weights"). Products of at most
+:data:`KERNEL_MAX_ROWS` rows (a decode step, a batched decode of a few sessions, a delete's
+last token) read the same packed buffer with ``linear_kernel`` instead, at memory speed.
 
 :func:`pack_linear_layers` swaps every ``nn.Linear`` of a CPU model in fp32 or bf16 for a
 :class:`PackedLinear` holding only the packed weight: no second copy of the weights stays
@@ -30,26 +32,49 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from . import linear_kernel
+from .linear_kernel import DirectLinear, LinearKernel
+
 SWITCH = "LEYLINE_PACKED_LINEAR"
 ROWS_HINT = 64
 """The row count oneDNN is told to expect when it picks the packed layout; measured best
 or tied for 1-512 rows on this machine (``evals/bench_packed_linear.py``)."""
+KERNEL_MAX_ROWS = 8
+"""Most rows a product sends to ``linear_kernel``: over SmolLM2's layers 1.5-2.1x faster
+than oneDNN's at 1-8 rows in both dtypes; at 17 even in fp32 and slower in bf16
+(``evals/bench_packed_linear.py``; docs/perf.md)."""
 
 
 class PackedLinear(nn.Module):
     """``y = x Wᵀ + b`` with ``W`` held in oneDNN's packed layout (inference only)."""
 
-    def __init__(self, linear: nn.Linear, rows_hint: int = ROWS_HINT) -> None:
+    def __init__(
+        self,
+        linear: nn.Linear,
+        rows_hint: int = ROWS_HINT,
+        kernel: LinearKernel | None = None,
+    ) -> None:
+        """``kernel``: run products of at most :data:`KERNEL_MAX_ROWS` rows on it, when the
+        packed buffer has its layout (checked bitwise here)."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
         self.dtype = weight.dtype
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), False)
+        self.direct: DirectLinear | None = (
+            None if kernel is None else kernel.bind(self.packed, weight, self.bias)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
             raise TypeError(f"PackedLinear holds {self.dtype} weights, got {x.dtype} input")
+        if (
+            self.direct is not None
+            and x.numel() <= KERNEL_MAX_ROWS * self.in_features
+            and x.is_contiguous()
+        ):
+            return self.direct(x)
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
             x, self.packed, self.bias, "none", [], ""
         )
@@ -62,7 +87,9 @@ class PackedLinear(nn.Module):
         return dense
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, {self.dtype}, oneDNN-packed"
+        kernel = f", rows <= {KERNEL_MAX_ROWS} on linear_kernel" * (self.direct is not None)
+        shape = f"in={self.in_features}, out={self.out_features}, {self.dtype}"
+        return f"{shape}, oneDNN-packed{kernel}"
 
 
 def linear_weight_bytes(model: nn.Module) -> int:
@@ -84,6 +111,10 @@ class PackReport:
     packed: int
     reason: str
     """Why nothing was packed (empty when some layers were)."""
+    direct: int = 0
+    """Packed layers whose few-row products run on ``linear_kernel``."""
+    kernel: str = ""
+    """The kernel's library, or why it is not used."""
 
 
 def packing_refusal(model: nn.Module) -> str:
@@ -118,7 +149,11 @@ def pack_linear_layers(model: nn.Module, rows_hint: int = ROWS_HINT) -> PackRepo
         for name, child in parent.named_children()
         if type(child) is nn.Linear
     ]
+    kernel = linear_kernel.load()
     for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child, rows_hint))
-    packed = sum(isinstance(m, PackedLinear) for m in model.modules())  # earlier calls too
-    return PackReport(packed, "" if packed else "no nn.Linear layers")
+        setattr(parent, name, PackedLinear(child, rows_hint, kernel))
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear)]  # earlier calls too
+    direct = sum(m.direct is not None for m in layers)
+    return PackReport(
+        len(layers), "" if layers else "no nn.Linear layers", direct, linear_kernel.status().detail
+    )

@@ -1,0 +1,319 @@
+"""A CPU kernel for a linear layer on a few rows, reading oneDNN's packed weight in place.
+
+A decode step, a batched decode step and a splice's last token multiply a handful of rows
+by every weight of the model: the work is one read of the weights, so it should run at
+memory speed. oneDNN's packed product (``packed_linear``) streams a one-row product at
+about 15 GB/s on this machine against 31 GB/s for a plain read. This kernel reads the same
+packed buffer (no second copy of the weights) and holds 64 output columns of up to four
+rows in registers while it walks the reduction dimension, so every weight byte comes from
+memory once per call, whatever the row count: a group of four rows reads an output block
+from memory, the next group finds it in L2.
+
+The layout is the one oneDNN picks for these weights with a row hint of 64 on an AVX-512
+CPU (measured, not documented): output blocks of 64 columns, each ``[K_pad][64]`` for fp32
+and ``[K_pad / 2][64][2]`` for bf16 (pairs of reduction indices interleaved, VNNI style),
+``K_pad`` the reduction length rounded up with zeros, blocks in order. :func:`packed_view`
+reads a packed buffer under that layout and ``PackedLinear`` compares it with the dense
+weight bitwise before using the kernel for a layer, so a different oneDNN, CPU or shape
+that packs otherwise only means the layer keeps oneDNN's product.
+
+Sums are fp32 for both dtypes (bf16 widened exactly, as oneDNN does); a bf16 output is
+rounded to nearest even. Built and loaded by ``kernel_build`` (``LEYLINE_LINEAR_KERNEL=0``
+turns it off); without a compiler :func:`load` returns None.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from . import kernel_build
+from .kernel_build import KernelStatus
+
+__all__ = ["BLOCK", "DirectLinear", "KernelStatus", "LinearKernel", "load", "packed_view", "status"]
+
+BLOCK = 64
+"""Output columns per packed block."""
+_ENV_SWITCH = "LEYLINE_LINEAR_KERNEL"
+_MIN_BLOCKS_PER_THREAD = 4
+"""A layer with fewer output blocks per thread runs on fewer threads (a fork costs more)."""
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#define LL_BLOCK 64
+#define LL_GROUP 4
+
+static inline float ll_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t ll_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* out[i][0..64) = sum_k x[i][k] * W[k][block col] for R rows; x rows are fp32, kp apart. */
+static inline __attribute__((always_inline)) void ll_block_f32(
+    const float *w, int64_t k, const float *x, int64_t kp, float *out, const int R) {
+#ifdef __AVX512F__
+    __m512 a[LL_GROUP][4];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < k; t++) {
+        const float *wt = w + t * LL_BLOCK;
+        __m512 w0 = _mm512_loadu_ps(wt), w1 = _mm512_loadu_ps(wt + 16);
+        __m512 w2 = _mm512_loadu_ps(wt + 32), w3 = _mm512_loadu_ps(wt + 48);
+        for (int i = 0; i < R; i++) {
+            __m512 xb = _mm512_set1_ps(x[i * kp + t]);
+            a[i][0] = _mm512_fmadd_ps(xb, w0, a[i][0]);
+            a[i][1] = _mm512_fmadd_ps(xb, w1, a[i][1]);
+            a[i][2] = _mm512_fmadd_ps(xb, w2, a[i][2]);
+            a[i][3] = _mm512_fmadd_ps(xb, w3, a[i][3]);
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + i * LL_BLOCK + 16 * j, a[i][j]);
+#else
+    for (int i = 0; i < R; i++) {
+        float acc[LL_BLOCK] = {0};
+        for (int64_t t = 0; t < k; t++) {
+            float xv = x[i * kp + t];
+            for (int c = 0; c < LL_BLOCK; c++) acc[c] += xv * w[t * LL_BLOCK + c];
+        }
+        memcpy(out + i * LL_BLOCK, acc, sizeof acc);
+    }
+#endif
+}
+
+/* The same for bf16 weights [kp/2][64][2]: lane c of a pair row holds W[2p][c] in its low
+   half and W[2p+1][c] in its high half; both widen to fp32 exactly. x rows are fp32, zero
+   past k, so a padded odd tail adds nothing. */
+static inline __attribute__((always_inline)) void ll_block_bf16(
+    const uint16_t *w, int64_t k, const float *x, int64_t kp, float *out, const int R) {
+    int64_t pairs = (k + 1) / 2;
+#ifdef __AVX512F__
+    __m512 a[LL_GROUP][4];
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; p++) {
+        const uint16_t *wp = w + p * 2 * LL_BLOCK;
+        __m512 lo[4], hi[4];
+        for (int j = 0; j < 4; j++) {
+            __m512i v = _mm512_loadu_si512((const void *)(wp + 32 * j));
+            lo[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+            hi[j] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+        }
+        for (int i = 0; i < R; i++) {
+            __m512 x0 = _mm512_set1_ps(x[i * kp + 2 * p]);
+            __m512 x1 = _mm512_set1_ps(x[i * kp + 2 * p + 1]);
+            for (int j = 0; j < 4; j++) {
+                a[i][j] = _mm512_fmadd_ps(x0, lo[j], a[i][j]);
+                a[i][j] = _mm512_fmadd_ps(x1, hi[j], a[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + i * LL_BLOCK + 16 * j, a[i][j]);
+#else
+    for (int i = 0; i < R; i++) {
+        float acc[LL_BLOCK] = {0};
+        for (int64_t p = 0; p < pairs; p++) {
+            float x0 = x[i * kp + 2 * p], x1 = x[i * kp + 2 * p + 1];
+            const uint16_t *wp = w + p * 2 * LL_BLOCK;
+            for (int c = 0; c < LL_BLOCK; c++)
+                acc[c] += x0 * ll_bf16(wp[2 * c]) + x1 * ll_bf16(wp[2 * c + 1]);
+        }
+        memcpy(out + i * LL_BLOCK, acc, sizeof acc);
+    }
+#endif
+}
+
+static void ll_block(int bf16, const void *w, int64_t k, const float *x, int64_t kp,
+                     float *out, int r) {
+    if (bf16) {
+        const uint16_t *wb = (const uint16_t *)w;
+        switch (r) {
+        case 1: ll_block_bf16(wb, k, x, kp, out, 1); break;
+        case 2: ll_block_bf16(wb, k, x, kp, out, 2); break;
+        case 3: ll_block_bf16(wb, k, x, kp, out, 3); break;
+        default: ll_block_bf16(wb, k, x, kp, out, 4); break;
+        }
+    } else {
+        const float *wf = (const float *)w;
+        switch (r) {
+        case 1: ll_block_f32(wf, k, x, kp, out, 1); break;
+        case 2: ll_block_f32(wf, k, x, kp, out, 2); break;
+        case 3: ll_block_f32(wf, k, x, kp, out, 3); break;
+        default: ll_block_f32(wf, k, x, kp, out, 4); break;
+        }
+    }
+}
+
+/* y[rows][n] = x[rows][k] W^T (+ bias): W packed as above, n output columns in
+   ceil(n / 64) blocks of kp reduction entries each. x, bias and y are fp32 or bf16 like W
+   (bf16 = 1), rows contiguous (x_stride / y_stride elements apart). Returns 0, or -1 when
+   memory for the widened rows runs out. */
+int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
+                              const void *x, int64_t rows, int64_t x_stride,
+                              const void *bias, void *y, int64_t y_stride, int32_t bf16,
+                              int32_t threads) {
+    int64_t blocks = (n + LL_BLOCK - 1) / LL_BLOCK;
+    int64_t es = bf16 ? 2 : 4;
+    float *xf = (float *)calloc((size_t)(rows * kp + 1), sizeof(float));
+    if (!xf) return -1;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t t = 0; t < k; t++)
+            xf[i * kp + t] = bf16 ? ll_bf16(((const uint16_t *)x)[i * x_stride + t])
+                                  : ((const float *)x)[i * x_stride + t];
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t b = 0; b < blocks; b++) {
+        float out[LL_GROUP * LL_BLOCK];
+        const char *wb = (const char *)w + b * kp * LL_BLOCK * es;
+        int64_t c0 = b * LL_BLOCK;
+        int64_t cols = n - c0 < LL_BLOCK ? n - c0 : LL_BLOCK;
+        for (int64_t i0 = 0; i0 < rows; i0 += LL_GROUP) {
+            int r = rows - i0 < LL_GROUP ? (int)(rows - i0) : LL_GROUP;
+            ll_block(bf16, wb, k, xf + i0 * kp, kp, out, r);
+            for (int i = 0; i < r; i++) {
+                for (int64_t c = 0; c < cols; c++) {
+                    float v = out[i * LL_BLOCK + c];
+                    if (bias)
+                        v += bf16 ? ll_bf16(((const uint16_t *)bias)[c0 + c])
+                                  : ((const float *)bias)[c0 + c];
+                    int64_t at = (i0 + i) * y_stride + c0 + c;
+                    if (bf16) ((uint16_t *)y)[at] = ll_to_bf16(v);
+                    else ((float *)y)[at] = v;
+                }
+            }
+        }
+    }
+    free(xf);
+    return 0;
+}
+"""
+
+
+def packed_view(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor | None:
+    """The ``[out, in]`` weight a packed buffer holds under this kernel's layout, as a view
+    of the packed memory (read it while ``packed`` lives), or None when the buffer's size
+    cannot be that layout."""
+    dtype = packed.dtype
+    pair = 2 if dtype == torch.bfloat16 else 1
+    blocks = -(-out_features // BLOCK)
+    nbytes = int(torch.ops.mkldnn._nbytes(packed))
+    count, rest = divmod(nbytes, dtype.itemsize)
+    k_pad = count // (blocks * BLOCK)
+    if rest or k_pad * blocks * BLOCK != count or k_pad < in_features or k_pad % pair:
+        return None
+    raw = (ctypes.c_char * nbytes).from_address(int(torch.ops.mkldnn.data_ptr(packed)))
+    flat = torch.frombuffer(raw, dtype=dtype)
+    tiles = flat.view(blocks, k_pad // pair, BLOCK, pair).permute(0, 2, 1, 3)
+    return tiles.reshape(blocks * BLOCK, k_pad)[:out_features, :in_features]
+
+
+class DirectLinear:
+    """One packed layer bound to the kernel: its arguments worked out once, so that a call
+    costs one allocation and one foreign call (a decode step makes 211 of them)."""
+
+    __slots__ = ("_bf16", "_bias", "_fn", "_in", "_k_pad", "_out", "_ptr", "_threads",
+                 "packed")  # fmt: skip
+
+    def __init__(
+        self,
+        fn: Callable[..., int],
+        packed: torch.Tensor,
+        k_pad: int,
+        out_features: int,
+        in_features: int,
+        bias: torch.Tensor | None,
+        threads: int,
+    ) -> None:
+        self.packed = packed  # keeps the buffer alive
+        self._fn, self._ptr, self._k_pad = fn, int(torch.ops.mkldnn.data_ptr(packed)), k_pad
+        self._out, self._in, self._threads = out_features, in_features, threads
+        self._bias = None if bias is None else bias.contiguous()
+        self._bf16 = int(packed.dtype == torch.bfloat16)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., in] @ Wᵀ + bias``; ``x`` contiguous, in the weight's dtype."""
+        rows = x.numel() // self._in
+        y = torch.empty((*x.shape[:-1], self._out), dtype=x.dtype)
+        threads = max(1, min(torch.get_num_threads(), self._threads))
+        rc = self._fn(
+            self._ptr, self._out, self._in, self._k_pad, x.data_ptr(), rows, self._in,
+            None if self._bias is None else self._bias.data_ptr(), y.data_ptr(), self._out,
+            self._bf16, threads,
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("linear kernel: no memory for the widened rows")
+        return y
+
+
+class LinearKernel:
+    """The loaded shared library."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path, *, threaded: bool) -> None:
+        self.path = path
+        self.threaded = threaded
+        fn = lib.leyline_packed_linear
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, ctypes.c_int32,
+                       ctypes.c_int32]  # fmt: skip
+        fn.restype = ctypes.c_int32
+        self._fn = fn
+
+    def bind(
+        self, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> DirectLinear | None:
+        """The layer ``packed`` (oneDNN's packing of ``weight``, ``[out, in]``) bound to the
+        kernel, or None when the buffer does not hold ``weight`` bitwise under this
+        kernel's layout (then only oneDNN may read it)."""
+        if packed.dtype not in (torch.float32, torch.bfloat16) or weight.dtype != packed.dtype:
+            return None
+        out_features, in_features = weight.shape
+        view = packed_view(packed, out_features, in_features)
+        if view is None or not torch.equal(view, weight):
+            return None
+        blocks = -(-out_features // BLOCK)
+        k_pad = int(torch.ops.mkldnn._nbytes(packed)) // (packed.dtype.itemsize * blocks * BLOCK)
+        threads = blocks // _MIN_BLOCKS_PER_THREAD if self.threaded else 1
+        return DirectLinear(self._fn, packed, k_pad, out_features, in_features, bias, threads)
+
+
+def _flags(openmp: bool) -> list[str]:
+    return [*kernel_build.base_flags(openmp), "-ffp-contract=fast"]
+
+
+_kernel = kernel_build.LazyKernel(
+    "linear_kernel",
+    _SOURCE,
+    _flags,
+    lambda lib, path, threaded: LinearKernel(lib, path, threaded=threaded),
+    switch=_ENV_SWITCH,
+)
+
+
+def load() -> LinearKernel | None:
+    """The kernel, compiled and loaded on first use (once per process); None if unusable."""
+    return _kernel.load()
+
+
+def status() -> KernelStatus:
+    """Whether :func:`load` found a kernel, and the library's path or the reason."""
+    return _kernel.status()

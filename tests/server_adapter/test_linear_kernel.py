@@ -1,0 +1,186 @@
+"""The few-row linear kernel (``linear_kernel``) reading oneDNN's packed weights: its reading
+of the layout against the dense weight, its products against fp64, and where
+``PackedLinear`` sends a product."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from leyline.server_adapter import kernel_build, linear_kernel
+from leyline.server_adapter.linear_kernel import LinearKernel, packed_view
+from leyline.server_adapter.packed_linear import (
+    KERNEL_MAX_ROWS,
+    SWITCH,
+    PackedLinear,
+    pack_linear_layers,
+)
+
+from ._helpers import rel_err, tiny_llama
+
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
+)
+AVX512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
+SHAPES = [(576, 576), (192, 576), (100, 70), (3, 1000), (1000, 3), (64, 64), (130, 71)]
+
+
+@pytest.fixture(scope="module")
+def kernel() -> LinearKernel:
+    loaded = linear_kernel.load()
+    if loaded is None:  # only without a C compiler; then nothing may claim to use it
+        assert kernel_build.compiler() is None, linear_kernel.status().detail
+        pytest.skip("no C compiler: the kernel cannot be built here")
+    return loaded
+
+
+def _linear(out_features: int, in_features: int, bias: bool, dtype: torch.dtype) -> nn.Linear:
+    torch.manual_seed(out_features * 7 + in_features)
+    return nn.Linear(in_features, out_features, bias=bias).eval().to(dtype)
+
+
+def _exact(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    b = None if linear.bias is None else linear.bias.double()
+    return F.linear(x.double(), linear.weight.double(), b)
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight, 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+def test_the_layout_read_is_onednns_packing_of_the_weight(
+    kernel: LinearKernel, dtype: torch.dtype, out_features: int, in_features: int
+) -> None:
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("no native bf16 on this CPU")
+    weight = torch.randn(out_features, in_features).to(dtype)
+    packed = _packed(weight)
+    view = packed_view(packed, out_features, in_features)
+    matches = view is not None and torch.equal(view, weight)
+    if AVX512:  # where it was measured: the layout must be read exactly
+        assert matches
+    # Anywhere: the kernel binds a layer exactly when its buffer reads back bitwise.
+    assert (kernel.bind(packed, weight, None) is not None) == matches
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9])
+@pytest.mark.parametrize(("out_features", "in_features", "bias"), [(576, 576, False),
+                                                                   (100, 70, True),
+                                                                   (130, 71, True)])  # fmt: skip
+def test_fp32_products_are_as_close_to_fp64_as_torchs(
+    kernel: LinearKernel, rows: int, out_features: int, in_features: int, bias: bool
+) -> None:
+    linear = _linear(out_features, in_features, bias, torch.float32)
+    direct = kernel.bind(_packed(linear.weight.detach()), linear.weight.detach(), linear.bias)
+    if direct is None:
+        pytest.skip("oneDNN packs these weights in another layout on this CPU")
+    x = torch.randn(1, rows, in_features)
+    with torch.no_grad():
+        got, plain = direct(x), linear(x)
+        exact = _exact(x, linear)
+    assert got.shape == plain.shape and got.dtype == torch.float32
+    err = float((got.double() - exact).abs().max() / exact.abs().max())
+    plain_err = float((plain.double() - exact).abs().max() / exact.abs().max())
+    assert err <= 4 * plain_err + 1e-6
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize(("out_features", "in_features", "bias"), [(576, 576, True),
+                                                                   (130, 71, True),
+                                                                   (192, 576, False)])  # fmt: skip
+def test_bf16_products_are_one_rounding_of_the_exact_one(
+    kernel: LinearKernel, rows: int, out_features: int, in_features: int, bias: bool
+) -> None:
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("no native bf16 on this CPU")
+    linear = _linear(out_features, in_features, bias, torch.bfloat16)
+    direct = kernel.bind(_packed(linear.weight.detach()), linear.weight.detach(), linear.bias)
+    if direct is None:
+        pytest.skip("oneDNN packs these weights in another layout on this CPU")
+    x = torch.randn(rows, in_features).to(torch.bfloat16)
+    got = direct(x)
+    with torch.no_grad():
+        exact = _exact(x, linear)
+    # fp32 sums, then one round to nearest bf16: within half a bf16 step of each entry
+    # (8 significant bits: at most 2^-8 relative), plus the fp32 summation's error on
+    # entries that nearly cancel.
+    bound = 2**-8 * exact.abs() + 1e-5 * exact.abs().max()
+    assert bool(((got.double() - exact).abs() <= bound).all())
+
+
+def test_the_thread_count_does_not_change_a_bit(kernel: LinearKernel) -> None:
+    linear = _linear(1000, 576, True, torch.float32)
+    weight = linear.weight.detach()
+    direct = kernel.bind(_packed(weight), weight, linear.bias)
+    if direct is None:
+        pytest.skip("oneDNN packs these weights in another layout on this CPU")
+    x = torch.randn(3, 576)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = direct(x)
+        torch.set_num_threads(max(2, threads))
+        many = direct(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, many)  # every output block is summed by one thread, in order
+
+
+class _Counting:
+    def __init__(self, inner: object) -> None:
+        self.inner, self.calls = inner, 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.inner(x)  # type: ignore[operator, no-any-return]
+
+
+def test_packed_linear_sends_only_few_contiguous_rows_to_the_kernel(kernel: LinearKernel) -> None:
+    linear = _linear(192, 576, True, torch.float32)
+    layer = PackedLinear(linear, kernel=kernel)
+    if layer.direct is None:
+        pytest.skip("oneDNN packs these weights in another layout on this CPU")
+    spy = _Counting(layer.direct)
+    layer.direct = spy  # type: ignore[assignment]
+    with torch.no_grad():
+        for rows in (1, KERNEL_MAX_ROWS):
+            x = torch.randn(1, rows, 576)
+            assert rel_err(layer(x), linear(x)) <= 1e-6
+        assert spy.calls == 2
+        layer(torch.randn(1, KERNEL_MAX_ROWS + 1, 576))
+        layer(torch.randn(2, 1152)[:, ::2])  # two rows, not contiguous: oneDNN reads it
+        assert spy.calls == 2
+    assert "linear_kernel" in layer.extra_repr()
+
+
+def test_a_packed_models_decode_step_gives_the_unpacked_models_logits(
+    monkeypatch: pytest.MonkeyPatch, kernel: LinearKernel
+) -> None:
+    monkeypatch.setenv(SWITCH, "1")
+    plain, packed = tiny_llama(seed=6).model, tiny_llama(seed=6).model
+    report = pack_linear_layers(packed)
+    linears = sum(type(m) is nn.Linear for m in plain.modules())
+    if AVX512:
+        assert report.direct == report.packed == linears
+    ids = torch.randint(0, 512, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cache_a, cache_b = plain(ids[:, :-1]).past_key_values, packed(ids[:, :-1]).past_key_values
+        want = plain(ids[:, -1:], cache=cache_a).logits  # one row per linear layer
+        got = packed(ids[:, -1:], cache=cache_b).logits
+    assert rel_err(got, want) <= 1e-5
+
+
+def test_switched_off_by_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEYLINE_LINEAR_KERNEL", "0")
+    monkeypatch.setattr(linear_kernel._kernel, "_status", None)
+    monkeypatch.setattr(linear_kernel._kernel, "_loaded", None)
+    monkeypatch.setenv(SWITCH, "1")
+    assert linear_kernel.load() is None
+    assert "LEYLINE_LINEAR_KERNEL" in linear_kernel.status().detail
+    report = pack_linear_layers(tiny_llama(seed=7).model)
+    assert report.packed > 0 and report.direct == 0
+    assert "disabled" in report.kernel
