@@ -196,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"leyline: {app.state.engine.loaded.label} ready in {time.perf_counter() - t0:.1f}s; "
         f"serving on http://{settings.host}:{settings.port} (docs at /docs)"
-        f"{'' if retained else '; freed memory released to the OS'}",
+        f"{'' if retained else '; freed memory released to the OS'}; "
+        f"{app.state.engine.packing.describe()}",
         file=sys.stderr,
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)

@@ -136,11 +136,7 @@ def linear_layers(engine: Engine, rows: int) -> Callable[[], object]:
 
 
 def packing_label(engine: Engine) -> str:
-    report = engine.packing
-    if report.packed:
-        kernel = f", {report.direct} with few-row products on linear_kernel" * bool(report.direct)
-        return f"{report.packed} linear layers on oneDNN-packed weights{kernel}"
-    return f"linear layers unpacked ({report.reason})"
+    return engine.packing.describe()
 
 
 def measure_bandwidth(engine: Engine, runs: int, rows: int) -> Bandwidth:

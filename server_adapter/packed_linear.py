@@ -116,6 +116,13 @@ class PackReport:
     kernel: str = ""
     """The kernel's library, or why it is not used."""
 
+    def describe(self) -> str:
+        """One line for logs and benchmark headers."""
+        if not self.packed:
+            return f"linear layers unpacked ({self.reason})"
+        few = f", {self.direct} with few-row products on linear_kernel" if self.direct else ""
+        return f"{self.packed} linear layers on oneDNN-packed weights{few}"
+
 
 def packing_refusal(model: nn.Module) -> str:
     """Why this model's linear layers stay on torch's default path; empty if they can pack."""

@@ -12,6 +12,7 @@ from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.packed_linear import (
     SWITCH,
     PackedLinear,
+    PackReport,
     pack_linear_layers,
     packing_refusal,
 )
@@ -122,3 +123,13 @@ def test_the_engine_packs_by_default_on_avx512_and_says_why_not_where_it_cannot(
     assert Engine(tiny_llama(seed=5)).packing.packed > 0
     half = tiny_llama(seed=5).model.to(torch.float16)
     assert packing_refusal(half) == "torch.float16 weights"
+
+
+def test_the_report_describes_itself_in_one_line() -> None:
+    assert PackReport(0, "LEYLINE_PACKED_LINEAR=0").describe() == (
+        "linear layers unpacked (LEYLINE_PACKED_LINEAR=0)"
+    )
+    assert PackReport(211, "").describe() == "211 linear layers on oneDNN-packed weights"
+    assert PackReport(211, "", 200, "lib.so").describe() == (
+        "211 linear layers on oneDNN-packed weights, 200 with few-row products on linear_kernel"
+    )
