@@ -71,6 +71,7 @@ class PackedLinear(nn.Module):
             raise TypeError(f"PackedLinear holds {self.dtype} weights, got {x.dtype} input")
         if (
             self.direct is not None
+            and x.shape[-1] == self.in_features  # else oneDNN's product says what is wrong
             and x.numel() <= KERNEL_MAX_ROWS * self.in_features
             and x.is_contiguous()
         ):

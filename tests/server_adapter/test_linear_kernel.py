@@ -155,6 +155,9 @@ def test_packed_linear_sends_only_few_contiguous_rows_to_the_kernel(kernel: Line
         layer(torch.randn(2, 1152)[:, ::2])  # two rows, not contiguous: oneDNN reads it
         assert spy.calls == 2
     assert "linear_kernel" in layer.extra_repr()
+    with pytest.raises(RuntimeError):  # a wrong width is oneDNN's error, never a wrong read
+        layer(torch.randn(1, 1, 500))
+    assert spy.calls == 2
 
 
 def test_a_packed_models_decode_step_gives_the_unpacked_models_logits(
