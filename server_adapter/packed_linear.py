@@ -40,7 +40,7 @@ ROWS_HINT = 64
 """The row count oneDNN is told to expect when it picks the packed layout; measured best
 or tied for 1-512 rows on this machine (``evals/bench_packed_linear.py``)."""
 KERNEL_MAX_ROWS = 8
-"""Most rows a product sends to ``linear_kernel``: over SmolLM2's layers 1.5-2.1x faster
+"""Most rows a product sends to ``linear_kernel``: over SmolLM2's layers 1.3-2.1x faster
 than oneDNN's at 1-8 rows in both dtypes; at 17 even in fp32 and slower in bf16
 (``evals/bench_packed_linear.py``; docs/perf.md)."""
 
