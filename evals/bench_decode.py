@@ -24,7 +24,7 @@ from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.forward import new_buffers
 
 
-def _rows(engine: Engine, batch: int, context: int, room: int, seed: int) -> list[Row]:
+def session_rows(engine: Engine, batch: int, context: int, room: int, seed: int) -> list[Row]:
     g = torch.Generator().manual_seed(seed)
     rows = []
     for b in range(batch):
@@ -40,7 +40,7 @@ def _rows(engine: Engine, batch: int, context: int, room: int, seed: int) -> lis
 
 
 def bench(engine: Engine, batch: int, context: int, runs: int) -> dict[str, float]:
-    rows = _rows(engine, batch, context, room=2 * runs + 2, seed=batch)
+    rows = session_rows(engine, batch, context, room=2 * runs + 2, seed=batch)
     times: dict[str, list[float]] = {"batched": [], "one_by_one": []}
     step = 0
 

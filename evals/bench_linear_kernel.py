@@ -15,15 +15,14 @@ Run: ``.venv/bin/python evals/bench_linear_kernel.py`` (``--quick`` for a smoke 
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
-from leyline.evals.bench_decode import _rows
-from leyline.evals.bench_splice import document, stub_tokens
+from leyline.evals.bench_decode import session_rows
+from leyline.evals.bench_splice import document, stub_tokens, timed_edit
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 from leyline.server_adapter.allocator import retain_freed_memory
@@ -56,18 +55,9 @@ Arm = Callable[[], float]
 
 
 def edit_arm(base: SessionCache, edit: Edit, out: dict[str, torch.Tensor], key: str) -> float:
-    """Milliseconds to apply ``edit`` with logits to a fork of ``base`` (the fork and its
-    release are not timed); keeps the logits under ``key``."""
-    fork = base.fork()
-    try:
-        t0 = time.perf_counter()
-        fork.apply_edits([edit], want_logits=True)
-        ms = (time.perf_counter() - t0) * 1e3
-        out[key] = fork.next_token_logits()
-        return ms
-    finally:
-        fork.release()
-        gc.collect()
+    """Milliseconds of ``edit`` with logits on a fork of ``base``; keeps the logits."""
+    ms, out[key] = timed_edit(base, edit, want_logits=True)
+    return ms
 
 
 def interleaved(arms: dict[str, Arm], runs: int) -> dict[str, float]:
@@ -96,7 +86,7 @@ def bench_dtype(args: argparse.Namespace, name: str) -> dict[str, float]:
     stub = stub_tokens(engine, 16)
     logits: dict[str, torch.Tensor] = {}
     decode_rows = {
-        b: _rows(engine, b, args.decode_context, 4 * args.runs + 8, b) for b in args.batches
+        b: session_rows(engine, b, args.decode_context, 4 * args.runs + 8, b) for b in args.batches
     }
     steps = dict.fromkeys(args.batches, 0)
 

@@ -135,10 +135,6 @@ def linear_layers(engine: Engine, rows: int) -> Callable[[], object]:
     return run
 
 
-def packing_label(engine: Engine) -> str:
-    return engine.packing.describe()
-
-
 def measure_bandwidth(engine: Engine, runs: int, rows: int) -> Bandwidth:
     nbytes = linear_weight_bytes(engine.model)
     src = torch.empty(nbytes // 4, dtype=torch.float32).uniform_()
@@ -471,7 +467,7 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
         f"{bandwidth.read_GBps:.1f} GB/s, copy {bandwidth.copy_GBps:.1f} GB/s; linear layers "
         f"on {bandwidth.linear_rows} rows {bandwidth.linear_ms:.1f} ms (streaming the "
         f"weights: {bandwidth.weight_bytes / bandwidth.read_GBps / 1e6:.1f} ms), "
-        f"{packing_label(engine)}"
+        f"{engine.packing.describe()}"
     )
     print(
         "context prefill_s | splice_ms +logits_ms 2-pass_ms floor_ms x_floor cfloor_ms x_cfloor "

@@ -209,20 +209,28 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
 """
 
 
-def packed_view(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor | None:
-    """The ``[out, in]`` weight a packed buffer holds under this kernel's layout, as a view
-    of the packed memory (read it while ``packed`` lives), or None when the buffer's size
-    cannot be that layout."""
-    dtype = packed.dtype
-    pair = 2 if dtype == torch.bfloat16 else 1
+def _k_pad(packed: torch.Tensor, out_features: int, in_features: int) -> int | None:
+    """Reduction entries per block if the buffer's size fits this layout, else None."""
+    pair = 2 if packed.dtype == torch.bfloat16 else 1
     blocks = -(-out_features // BLOCK)
-    nbytes = int(torch.ops.mkldnn._nbytes(packed))
-    count, rest = divmod(nbytes, dtype.itemsize)
+    count, rest = divmod(int(torch.ops.mkldnn._nbytes(packed)), packed.dtype.itemsize)
     k_pad = count // (blocks * BLOCK)
     if rest or k_pad * blocks * BLOCK != count or k_pad < in_features or k_pad % pair:
         return None
+    return k_pad
+
+
+def packed_view(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor | None:
+    """The ``[out, in]`` weight a packed buffer holds under this kernel's layout (a new
+    tensor: the blocks are gathered), or None when the buffer's size cannot be that layout."""
+    k_pad = _k_pad(packed, out_features, in_features)
+    if k_pad is None:
+        return None
+    pair = 2 if packed.dtype == torch.bfloat16 else 1
+    nbytes = int(torch.ops.mkldnn._nbytes(packed))
     raw = (ctypes.c_char * nbytes).from_address(int(torch.ops.mkldnn.data_ptr(packed)))
-    flat = torch.frombuffer(raw, dtype=dtype)
+    flat = torch.frombuffer(raw, dtype=packed.dtype)  # shares the packed memory: read only
+    blocks = -(-out_features // BLOCK)
     tiles = flat.view(blocks, k_pad // pair, BLOCK, pair).permute(0, 2, 1, 3)
     return tiles.reshape(blocks * BLOCK, k_pad)[:out_features, :in_features]
 
@@ -288,10 +296,10 @@ class LinearKernel:
             return None
         out_features, in_features = weight.shape
         view = packed_view(packed, out_features, in_features)
-        if view is None or not torch.equal(view, weight):
+        k_pad = _k_pad(packed, out_features, in_features)
+        if view is None or k_pad is None or not torch.equal(view, weight):
             return None
         blocks = -(-out_features // BLOCK)
-        k_pad = int(torch.ops.mkldnn._nbytes(packed)) // (packed.dtype.itemsize * blocks * BLOCK)
         threads = blocks // _MIN_BLOCKS_PER_THREAD if self.threaded else 1
         return DirectLinear(self._fn, packed, k_pad, out_features, in_features, bias, threads)
 
