@@ -134,7 +134,7 @@ def bench_dtype(args: argparse.Namespace, name: str) -> dict[str, float]:
         print(
             f"# {label}: max |logit on - off| {float((a - b).abs().max()):.2e}, argmax same: {same}"
         )
-    return {k: v for k, v in med.items()}
+    return med
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
