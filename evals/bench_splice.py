@@ -11,6 +11,10 @@ fork of the same prefilled session, so machine noise hits them alike; figures ar
 token is run again in the new context, ``want_logits=True``), which re-prefill delivers too:
 in one masked pass with the replacement (the engine's default), and, as ``2-pass``, run by
 run (the replacement's prefill, then the last token's forward: the weights stream twice).
+Every arm edits a private copy of the session, so a splice runs inside the session's own
+buffers (``in_place_edit``, the engine's default); ``copy`` is the same splice with logits
+built in a new buffer instead (the path of a session whose KV is shared, and the engine's
+only path before).
 
 ``floor`` is what a splice with logits cannot beat on this machine: the model's weight bytes
 over the measured read bandwidth (a forward of a few tokens streams every weight once) plus
@@ -60,6 +64,7 @@ class ContextRow:
     splice_ms: float
     splice_logits_ms: float
     splice_logits_2pass_ms: float
+    splice_logits_copy_ms: float
     floor_ms: float
     compute_floor_ms: float
     reprefill_ms: float
@@ -209,19 +214,27 @@ def kl(p: torch.Tensor, q: torch.Tensor) -> float:
 
 
 def timed_edit(
-    base: SessionCache, edit: Edit, *, want_logits: bool = False, one_pass: bool = True
+    base: SessionCache,
+    edit: Edit,
+    *,
+    want_logits: bool = False,
+    one_pass: bool = True,
+    in_place: bool = True,
 ) -> tuple[float, torch.Tensor]:
     """Milliseconds to apply ``edit`` to a fork of ``base`` (the fork's next-token logits are
     computed after the clock stops), and those logits; ``one_pass=False`` times the 2-pass
-    splice (the replacement's prefill, then the last token's forward)."""
-    fork = base.fork()
+    splice (the replacement's prefill, then the last token's forward). The fork gets its
+    own copy of the KV (made before the clock starts), so the edit runs in place where the
+    engine can (``in_place_edit``); ``in_place=False`` times the copy path."""
+    fork = base.fork(copy_kv=in_place)
     engine = base.engine
-    engine.one_pass = one_pass
+    was = engine.edits_in_place
+    engine.one_pass, engine.edits_in_place = one_pass, was and in_place
     try:
         ms = timed(lambda: fork.apply_edits([edit], want_logits=want_logits))
         return ms, fork.next_token_logits()
     finally:
-        engine.one_pass = True
+        engine.one_pass, engine.edits_in_place = True, was
         fork.release()
         gc.collect()
 
@@ -243,6 +256,7 @@ def bench_context(
             "splice",
             "splice_logits",
             "splice_logits_2pass",
+            "splice_logits_copy",
             "reprefill",
             "delete",
             "delete_logits",
@@ -252,9 +266,15 @@ def bench_context(
     kls: list[float] = []
 
     def run(
-        edit: Edit, name: str, want_logits: bool = False, one_pass: bool = True
+        edit: Edit,
+        name: str,
+        want_logits: bool = False,
+        one_pass: bool = True,
+        in_place: bool = True,
     ) -> torch.Tensor:
-        ms, logits = timed_edit(base, edit, want_logits=want_logits, one_pass=one_pass)
+        ms, logits = timed_edit(
+            base, edit, want_logits=want_logits, one_pass=one_pass, in_place=in_place
+        )
         arms[name].append(ms)
         return logits
 
@@ -262,6 +282,7 @@ def bench_context(
         run(Edit(start, end, stub, Mode.amortize), "splice")
         spliced = run(Edit(start, end, stub, Mode.amortize), "splice_logits", want_logits=True)
         run(Edit(start, end, stub, Mode.amortize), "splice_logits_2pass", True, one_pass=False)
+        run(Edit(start, end, stub, Mode.amortize), "splice_logits_copy", True, in_place=False)
         reprefilled = run(Edit(start, end, stub, Mode.forget), "reprefill")
         kls.append(kl(reprefilled, spliced))
         run(Edit(start, end, (), Mode.amortize), "delete")
@@ -280,6 +301,7 @@ def bench_context(
         med["splice"],
         med["splice_logits"],
         med["splice_logits_2pass"],
+        med["splice_logits_copy"],
         bandwidth.floor_ms(rotated),
         bandwidth.compute_floor_ms(rotated),
         med["reprefill"],
@@ -379,17 +401,26 @@ def memory_child(model: str, n: int, span: int, stub: int) -> None:
     start = n // 4
     edit = Edit(start, start + span, stub_tokens(engine, stub), Mode.amortize)
     with RssSampler() as splice:
-        session.apply_edits([edit])
+        session.apply_edits([edit], want_logits=True)  # in place: the session owns its KV
+    kv_mb = kv_nbytes(session.kv) / 1e6
+    del session
+    gc.collect()
+    copy = SessionCache(engine)
+    copy.prefill(tokens)
+    engine.edits_in_place = False
+    with RssSampler() as copied:
+        copy.apply_edits([edit], want_logits=True)
     mb = 1e6
     print(
         json.dumps(
             {
                 "tokens": n,
-                "kv_MB": kv_nbytes(session.kv) / mb,
+                "kv_MB": kv_mb,
                 "rss_loaded_MB": base / mb,
                 "prefill_peak_MB": (prefill_peak - base) / mb,
                 "session_held_MB": (held - base) / mb,
                 "splice_peak_MB": (splice.peak - base) / mb,
+                "splice_copy_peak_MB": (copied.peak - base) / mb,
             }
         )
     )
@@ -470,8 +501,8 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
         f"{engine.packing.describe()}"
     )
     print(
-        "context prefill_s | splice_ms +logits_ms 2-pass_ms floor_ms x_floor cfloor_ms x_cfloor "
-        "reprefill_ms "
+        "context prefill_s | splice_ms +logits_ms copy_ms 2-pass_ms floor_ms x_floor cfloor_ms "
+        "x_cfloor reprefill_ms "
         "ratio ratio(+logits) | delete_ms +logits_ms reprefill_ms ratio | KL"
     )
     rows = []
@@ -480,7 +511,8 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
         rows.append(r)
         print(
             f"{n:7d} {r.prefill_s:9.2f} | {r.splice_ms:9.1f} {r.splice_logits_ms:9.1f} "
-            f"{r.splice_logits_2pass_ms:9.1f} {r.floor_ms:8.1f} {r.over_floor:6.2f}x "
+            f"{r.splice_logits_copy_ms:7.1f} {r.splice_logits_2pass_ms:9.1f} "
+            f"{r.floor_ms:8.1f} {r.over_floor:6.2f}x "
             f"{r.compute_floor_ms:9.1f} {r.over_compute_floor:7.2f}x "
             f"{r.reprefill_ms:12.1f} {r.ratio:5.1f}x {r.ratio_logits:8.1f}x | "
             f"{r.delete_ms:9.1f} {r.delete_logits_ms:9.1f} {r.delete_reprefill_ms:12.1f} "
@@ -541,7 +573,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             f"# {mem['tokens']}-token session, resident memory above the loaded model "
             f"({mem['rss_loaded_MB']:.0f} MB): peak +{mem['prefill_peak_MB']:.0f} MB during "
             f"prefill, +{mem['session_held_MB']:.0f} MB held after it (KV "
-            f"{mem['kv_MB']:.0f} MB), peak +{mem['splice_peak_MB']:.0f} MB during a splice"
+            f"{mem['kv_MB']:.0f} MB), peak +{mem['splice_peak_MB']:.0f} MB during a splice with "
+            f"logits in place (+{mem['splice_copy_peak_MB']:.0f} MB by copy)"
         )
     print(f"# load avg at end {os.getloadavg()[0]:.2f}")
     if args.json:

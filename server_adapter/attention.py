@@ -20,6 +20,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from .batched_decode import ROWS_KWARG, RowsView, rows_attention
 from .decode_attention import single_query_attention, takes_single_query
 from .forward import QUERY_RUNS_KWARG
+from .segment_attention import SEGMENTS_KWARG, SegmentPlan, segmented_attention
 
 NAME = "leyline_sdpa"
 
@@ -38,6 +39,13 @@ def grouped_sdpa_forward(
     """The ``sdpa`` attention function's contract, without expanding grouped heads."""
     if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
         raise ValueError(f"{NAME} supports neither softcap nor a position bias")
+    plan = kwargs.get(SEGMENTS_KWARG)
+    if isinstance(plan, SegmentPlan):  # an in-place edit's forward: KV read where it lies
+        layer = getattr(module, "layer_idx", None)
+        if not isinstance(layer, int):
+            raise ValueError(f"{NAME}: an in-place forward needs the layer's index")
+        out = segmented_attention(layer, query, key, value, attention_mask, scaling, plan)
+        return out, None
     rows = kwargs.get(ROWS_KWARG)
     if isinstance(rows, RowsView):  # a batched decode step: each row over its own buffer
         return rows_attention(module, query, rows, scaling), None

@@ -346,12 +346,14 @@ static void ll_segment(const float *q, int64_t group, int64_t d, int64_t dv, flo
 }
 
 /* q: fp32 [heads][d], contiguous; k, v: [kv][n][d] and [kv][n][dv] (fp32, or bf16 when
-   `bf16`), head and token strides in elements, last dim contiguous; out: fp32 [heads][dv].
-   Returns 0, or a positive code for arguments it does not take. */
+   `bf16`), head and token strides in elements, last dim contiguous; out: fp32 [heads][dv];
+   lse: NULL, or fp32 [heads] for each head's log-sum-exp of its scaled scores (so that
+   attention over several key segments can be merged). Returns 0, or a positive code for
+   arguments it does not take. */
 int leyline_single_query(const float *q, int64_t heads, int64_t kv, int64_t n, int64_t d,
                          int64_t dv, float scale, const void *k, int64_t k_head,
                          int64_t k_tok, const void *v, int64_t v_head, int64_t v_tok,
-                         int32_t bf16, float *out, int32_t threads) {
+                         int32_t bf16, float *out, float *lse, int32_t threads) {
     if (kv <= 0 || heads % kv || d <= 0 || dv <= 0 || d > LL_MAX_DIM || dv > LL_MAX_DIM ||
         n <= 0 || threads <= 0)
         return 1;
@@ -398,6 +400,7 @@ int leyline_single_query(const float *q, int64_t heads, int64_t kv, int64_t n, i
             }
             float inv = 1.0f / l;
             for (int64_t j = 0; j < dv; j++) o[j] *= inv;
+            if (lse) lse[h * group + i] = m + logf(l);
         }
     }
     free(st);
@@ -456,6 +459,7 @@ class AttentionKernel:
             i64,
             ctypes.c_int32,
             ctypes.c_void_p,
+            ctypes.c_void_p,
             ctypes.c_int32,
         ]
         fn.restype = ctypes.c_int32
@@ -467,12 +471,35 @@ class AttentionKernel:
         """``softmax(q k^T * scale) v`` over every key (no mask), ``[1, heads, 1, dv]`` in
         the query's dtype (SDPA's layout); ``scale`` defaults to ``d ** -0.5``. Raises
         ``ValueError`` for tensors :func:`eligible` refuses."""
+        out, _ = self._run(query, key, value, scale, with_lse=False)
+        return out.reshape(1, query.shape[1], 1, value.shape[3]).to(query.dtype)
+
+    def attend_lse(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`attend` in fp32, with each head's log-sum-exp of its scaled scores:
+        ``([1, heads, 1, dv], [1, heads, 1])``, both fp32, to merge with other segments'."""
+        out, lse = self._run(query, key, value, scale, with_lse=True)
+        assert lse is not None
+        heads = query.shape[1]
+        return out.reshape(1, heads, 1, value.shape[3]), lse.reshape(1, heads, 1)
+
+    def _run(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        scale: float | None,
+        *,
+        with_lse: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not eligible(query, key, value):
             raise ValueError("tensors not eligible for the attention kernel")
         heads, d = query.shape[1], query.shape[3]
         kv_heads, n, dv = key.shape[1], key.shape[2], value.shape[3]
         q = query.reshape(heads, d).to(torch.float32).contiguous()
         out = torch.empty(heads, dv, dtype=torch.float32)
+        lse = torch.empty(heads, dtype=torch.float32) if with_lse else None
         nbytes = n * kv_heads * (d + dv) * key.element_size()
         threads = max(1, min(torch.get_num_threads(), nbytes // _MIN_BYTES_PER_THREAD))
         rc = self._fn(
@@ -491,11 +518,12 @@ class AttentionKernel:
             value.stride(2),
             int(key.dtype == torch.bfloat16),
             out.data_ptr(),
+            None if lse is None else lse.data_ptr(),
             threads if self.threaded else 1,
         )
         if rc != 0:
             raise ValueError(f"attention kernel refused its arguments (rc={rc})")
-        return out.reshape(1, heads, 1, dv).to(query.dtype)
+        return out, lse
 
 
 def _flags(openmp: bool) -> list[str]:

@@ -10,7 +10,7 @@ from leyline.protocol.fallback import FallbackReason
 
 from .errors import SpliceUnsupportedError
 from .reports import OpReport
-from .run_executor import execute_edit, slice_kv
+from .run_executor import SpliceOutcome, exact_after_edit, execute_edit, slice_kv
 from .session_state import SessionState
 
 if TYPE_CHECKING:
@@ -53,18 +53,25 @@ def run_edits(
         if not allow_fallback:
             raise blocker
         return reprefill_from_change(engine, state, result, blocker.reason)
-    outcome = execute_edit(
-        engine.forward_into,
-        engine.layout,
-        engine.rope,
-        state.kv,
-        result,
-        old_exact_length=state.exact_length,
-        want_logits=want_logits,
-        forward_at=engine.one_pass_forward,
+    moved = (
+        engine.edit_in_place(state.kv, result, want_logits=want_logits) if state.owns_kv else None
     )
+    if moved is not None:
+        exact = exact_after_edit(result, state.exact_length, rerun=moved.rerun)
+        outcome = SpliceOutcome(moved.kv, moved.logits, exact)
+    else:
+        outcome = execute_edit(
+            engine.forward_into,
+            engine.layout,
+            engine.rope,
+            state.kv,
+            result,
+            old_exact_length=state.exact_length,
+            want_logits=want_logits,
+            forward_at=engine.one_pass_forward,
+        )
     new = SessionState(
-        result.tokens, outcome.kv, outcome.logits, revision, (), outcome.exact_length
+        result.tokens, outcome.kv, outcome.logits, revision, (), outcome.exact_length, True
     )
     report = OpReport(
         Path.reprefill if forget else Path.splice,
@@ -87,8 +94,9 @@ def reprefill_from_change(
     if fc < n:
         kv, logits = engine.forward(kv, result.tokens[fc:])
     exact = min(state.exact_length, fc)
+    owns = fc < n or state.owns_kv  # a prefill's new buffers, or a view of our own
     new = SessionState(
-        result.tokens, kv, logits, state.revision + 1, (), n if exact == fc else exact
+        result.tokens, kv, logits, state.revision + 1, (), n if exact == fc else exact, owns
     )
     report = OpReport(Path.reprefill, new.revision, fc, n - fc, 0, fc, reason)
     return new, report

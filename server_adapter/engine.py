@@ -6,12 +6,14 @@ backend-neutral session core (``core.sessions``) through ``engine_backend``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
 
+from leyline.protocol.algebra import EditResult
 from leyline.protocol.capabilities import Limits
 from leyline.protocol.errors import ErrorCode, LeylineError
 
@@ -19,6 +21,7 @@ from .attention import use_grouped_sdpa
 from .batched_decode import Row, batches_decode, forward_rows
 from .errors import SpliceUnsupportedError
 from .forward import DEFAULT_PREFILL_CHUNK, KVBuffers, forward_at, forward_into, forward_tokens
+from .in_place_edit import InPlaceOutcome, edit_in_place, in_place_layout
 from .kv_blocks import KVCache
 from .layouts import CacheLayout, detect_layout
 from .models import LoadedModel, load_model
@@ -26,6 +29,8 @@ from .packed_linear import PackReport, pack_linear_layers
 from .prefix_cache import PrefixCache
 from .rope import RopeSpec, rope_spec
 from .run_executor import ForwardAt
+
+IN_PLACE_SWITCH = "LEYLINE_IN_PLACE_EDITS"
 
 
 class Engine:
@@ -47,7 +52,7 @@ class Engine:
         self.loaded = loaded
         # transformers' PreTrainedModel.eval() is unannotated (it returns the model itself).
         self.model: PreTrainedModel = loaded.model.eval()  # type: ignore[no-untyped-call]
-        use_grouped_sdpa(self.model)  # grouped heads read in place: see ``attention``
+        grouped = use_grouped_sdpa(self.model)  # grouped heads read in place: ``attention``
         self.packing: PackReport = pack_linear_layers(self.model)
         """Linear layers on oneDNN's packed weights (``packed_linear``), or why not."""
         self.tokenizer = loaded.tokenizer
@@ -68,6 +73,12 @@ class Engine:
             self.layout = detect_layout(self.model, self.rope)
         except SpliceUnsupportedError as exc:
             self.splice_refusal = exc
+        self.edits_in_place = in_place_layout(self.layout, self.rope, grouped) and (
+            os.environ.get(IN_PLACE_SWITCH, "1") != "0"
+        )
+        """A session that owns its KV edits it inside its own buffers (``in_place_edit``):
+        no second KV during a splice. Off for models it cannot take, with
+        ``LEYLINE_IN_PLACE_EDITS=0``, or set False (benchmarks' copy arm)."""
 
     @classmethod
     def load(
@@ -114,6 +125,19 @@ class Engine:
         if len(rows) > 1 and self.batches_decode:
             return forward_rows(self.model, rows)
         return torch.stack([self.forward_into(r.buffers, r.length, [r.token]) for r in rows])
+
+    def edit_in_place(
+        self, kv: KVCache, result: EditResult, *, want_logits: bool
+    ) -> InPlaceOutcome | None:
+        """``result`` executed inside ``kv``'s own buffers (the caller owns them), or None
+        with nothing touched when in-place edits are off or these buffers cannot take it."""
+        if not self.edits_in_place or not self.one_pass:
+            return None
+        assert self.layout is not None and self.rope is not None
+        return edit_in_place(
+            self.model, self.layout, self.rope, kv, result,
+            want_logits=want_logits, chunk=self.prefill_chunk,
+        )  # fmt: skip
 
     @property
     def one_pass_forward(self) -> ForwardAt | None:

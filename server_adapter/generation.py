@@ -125,7 +125,13 @@ class Decoder:
         kv = filled(self.buffers, self.length)
         exact = self.length if state.exact_length == n0 else state.exact_length
         new = SessionState(
-            state.tokens + tuple(self.out), kv, None, state.revision + 1, state.spans, exact
+            state.tokens + tuple(self.out),
+            kv,
+            None,
+            state.revision + 1,
+            state.spans,
+            exact,
+            owns_kv=True,
         )
         return Decoded(new, self.out, self.choices, self.finish, self.cut)
 

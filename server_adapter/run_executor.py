@@ -230,7 +230,13 @@ def execute_edit(
         forward_into, layout, rope, result.tokens, runs, template=kv, want_logits=want_logits,
         forward_at=forward_at,
     )  # fmt: skip
+    return SpliceOutcome(new_kv, logits, exact_after_edit(result, old_exact_length, rerun=rerun))
+
+
+def exact_after_edit(result: EditResult, old_exact_length: int, *, rerun: bool) -> int:
+    """The new sequence's prefix whose KV equals a fresh prefill's (``SpliceOutcome``);
+    ``rerun``: the last token was run again in its new context."""
     exact = _exact_length(result.runs, result.first_change, old_exact_length)
     if rerun and exact >= len(result.tokens) - 1:
         exact = len(result.tokens)
-    return SpliceOutcome(new_kv, logits, exact)
+    return exact

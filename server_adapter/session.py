@@ -129,6 +129,7 @@ class SessionCache:
                 state.revision,
                 spans or state.spans,
                 state.exact_length,
+                state.owns_kv,
             )
             return new, OpReport(Path.prefix_hit, state.revision, n, 0, first_change=n)
         # At least the last token is run again: its logits are what generation needs.
@@ -148,7 +149,8 @@ class SessionCache:
                 base, reuse, exact, extends = slice_kv(hit.kv, 0, usable), usable, usable, True
         kv, logits = self.engine.forward(base, tokens[reuse:])
         revision = state.revision if tokens == state.tokens else state.revision + 1
-        new = SessionState(tokens, kv, logits, revision, spans, n if exact == reuse else exact)
+        exact = n if exact == reuse else exact
+        new = SessionState(tokens, kv, logits, revision, spans, exact, owns_kv=True)
         # Nothing reused (a fresh session, no shared prefix) is a prefill, not a hit.
         path = Path.prefix_hit if extends and reuse > 0 else Path.reprefill
         return new, OpReport(path, revision, reuse, n - reuse, first_change=reuse)
@@ -173,7 +175,7 @@ class SessionCache:
         start = min(state.kv_length, len(state.tokens) - 1)
         kv, logits = self.engine.forward(slice_kv(state.kv, 0, start), state.tokens[start:])
         exact = len(state.tokens) if state.exact_length >= start else state.exact_length
-        return SessionState(state.tokens, kv, logits, state.revision, state.spans, exact)
+        return SessionState(state.tokens, kv, logits, state.revision, state.spans, exact, True)
 
     def generate(
         self, params: SamplingParams | None = None, *, on_token: OnToken | None = None
@@ -219,7 +221,7 @@ class SessionCache:
     def finish_generation(self, pending: PendingGeneration) -> GenerationResult:
         """Commit a generation begun on this session: its tokens join the session."""
         with self._lock:
-            if pending.session is not self or self._state is not pending.before:
+            if pending.session is not self or not _unchanged(self._state, pending.before):
                 raise RuntimeError("the session changed while its generation ran")
             done = pending.decoder.result()
             self._commit(done.state)
@@ -392,9 +394,7 @@ class SessionCache:
                 n = len(state.tokens)
                 return _timed(OpReport(Path.splice, state.revision, n, 0, first_change=n), t0)
             new, report = run(self._complete(state))
-            new = SessionState(
-                new.tokens, new.kv, new.logits, state.revision + 1, plan.spans, new.exact_length
-            )
+            new = replace(new, revision=state.revision + 1, spans=plan.spans)
             spans_forgotten = [(e.start, e.end) for e in plan.edits if e.mode is Mode.forget]
             lineages = self._lineages.forgotten(spans_forgotten)  # in the old coordinates
             self._lineages.moved(plan.result.position_map)
@@ -407,7 +407,7 @@ class SessionCache:
             return state
         kv, logits = self.engine.forward(state.kv, state.tokens[state.kv_length :])
         exact = len(state.tokens) if state.exact_length >= state.kv_length else state.exact_length
-        return SessionState(state.tokens, kv, logits, state.revision, state.spans, exact)
+        return SessionState(state.tokens, kv, logits, state.revision, state.spans, exact, True)
 
     # -- commit and the shared prefix cache ----------------------------------------------------
 
@@ -444,13 +444,22 @@ class SessionCache:
         if previous is not None:
             cache.unlock(previous)
 
-    def fork(self) -> SessionCache:
-        """A new session starting from this one's state (tensors are shared, never written:
-        the two then evolve independently). For branching agents and for benchmarks."""
+    def fork(self, *, copy_kv: bool = False) -> SessionCache:
+        """A new session starting from this one's state, for branching agents and for
+        benchmarks; the two then evolve independently. By default they share the KV
+        tensors, which neither then edits in place (each edit copies, see
+        ``SessionState.owns_kv``); ``copy_kv`` gives the new session its own copy instead,
+        which its edits may then move in place (one copy now instead of one per edit)."""
         with self._lock:
+            state = self._state
             other = SessionCache(self.engine, salt=self.salt)
             other._lineages = self._lineages.copy()
-            other._commit(self._state)
+            if copy_kv and state.kv:
+                kv = tuple(tuple(t.clone() for t in layer) for layer in state.kv)
+                other._commit(replace(state, kv=kv, owns_kv=True))
+            else:
+                self._state = state = replace(state, owns_kv=False)
+                other._commit(state)
             return other
 
     def release(self) -> None:
@@ -459,6 +468,15 @@ class SessionCache:
             if self._handle is not None and self.engine.prefix_cache is not None:
                 self.engine.prefix_cache.unlock(self._handle)
             self._handle = None
+
+
+def _unchanged(now: SessionState, before: SessionState) -> bool:
+    """Whether ``now`` is ``before``, or ``before`` marked shared by a fork since."""
+    if now is before:
+        return True
+    fields = ("tokens", "kv", "logits", "spans")
+    same = all(getattr(now, f) is getattr(before, f) for f in fields)
+    return same and (now.revision, now.exact_length) == (before.revision, before.exact_length)
 
 
 def _timed(report: OpReport, t0: float) -> OpReport:

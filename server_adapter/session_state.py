@@ -1,8 +1,10 @@
 """A session's whole state as one immutable value, so a change is a single assignment.
 
-Every operation computes a new :class:`SessionState` from the current one (tensors are
-never written in place) and swaps it in at the end. An operation that raises has swapped
-nothing: tokens, KV and revision stay bitwise as they were.
+Every operation computes a new :class:`SessionState` from the current one and swaps it in
+at the end. An operation that raises has swapped nothing: tokens, KV and revision stay
+bitwise as they were. Tensors are never written in place, with one exception: an edit of a
+state that ``owns_kv`` may move its KV within its own buffers once nothing can fail any
+more (``in_place_edit``), and the old state is then gone.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ class SessionState:
     """Prefix whose KV equals a fresh prefill's; only it may enter the shared prefix cache
     (AMORTIZE keeps the influence of removed tokens downstream, which no other session
     sharing the same tokens should inherit)."""
+    owns_kv: bool = False
+    """The KV's buffers were allocated for this state and nothing else holds them (no fork,
+    no other state): an edit may then run inside them (``in_place_edit``). False unless the
+    operation that built the state says so."""
 
     @property
     def kv_length(self) -> int:

@@ -84,7 +84,9 @@ def compare_prompt(engine: Engine, tp: TokenizedPrompt) -> Compared:
     try:
         session.prefill(tp.tokens)
         full = session.next_token_logits()
-        original_kv = session.kv  # never written: the splice builds new buffers
+        # a copy: the splice runs inside the session's own buffers (``in_place_edit``), as a
+        # server's does, and moves what ``session.kv`` showed before it
+        original_kv = tuple(tuple(t.clone() for t in layer) for layer in session.kv)
         reprefill = plain_forward_logits(engine, tp.edited)
         edit = Edit(tp.start, tp.end, tp.stub, Mode.amortize)
         report = session.apply_edits([edit], want_logits=True)

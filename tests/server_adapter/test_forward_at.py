@@ -142,6 +142,7 @@ def test_sessions_splice_in_one_pass_and_a_failure_changes_nothing(
         raise RuntimeError("out of memory, say")
 
     monkeypatch.setattr(llama_engine, "forward_at", broken)
+    monkeypatch.setattr(llama_engine, "edits_in_place", False)  # the copy path's pass
     with pytest.raises(RuntimeError, match="out of memory"):
         session.apply_edits(_edits(llama_engine), want_logits=True)
     assert session.state is state and kv_bitwise_equal(session.kv, before)

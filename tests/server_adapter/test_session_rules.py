@@ -106,6 +106,7 @@ def test_a_failure_midway_leaves_the_session_unchanged(
         raise RuntimeError("out of memory, say")
 
     monkeypatch.setattr(session.engine, "forward_into", broken)
+    monkeypatch.setattr(session.engine, "edits_in_place", False)  # the copy path's loop
     err = _unchanged_after(
         session,
         lambda: session.apply_edits(
