@@ -24,6 +24,7 @@ a compiler :func:`load` returns None and ``decode_attention`` keeps torch's kern
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -345,66 +346,90 @@ static void ll_segment(const float *q, int64_t group, int64_t d, int64_t dv, flo
     }
 }
 
-/* q: fp32 [heads][d], contiguous; k, v: [kv][n][d] and [kv][n][dv] (fp32, or bf16 when
-   `bf16`), head and token strides in elements, last dim contiguous; out: fp32 [heads][dv];
-   lse: NULL, or fp32 [heads] for each head's log-sum-exp of its scaled scores (so that
-   attention over several key segments can be merged). Returns 0, or a positive code for
+/* Segments of keys, each with its own query (a query rotated for the segment, say): the
+   softmax over the union of their keys. s: the segment count; q: fp32 [s][heads][d],
+   contiguous; k[i], v[i]: segment i's [kv][n[i]][d] and [kv][n[i]][dv] (fp32, or bf16 when
+   `bf16`), with head and token strides strides[4i..4i+3] = k_head, k_tok, v_head, v_tok in
+   elements, last dim contiguous; out: fp32 [heads][dv]; lse: NULL, or fp32 [heads] for
+   each head's log-sum-exp of its scaled scores. Returns 0, or a positive code for
    arguments it does not take. */
-int leyline_single_query(const float *q, int64_t heads, int64_t kv, int64_t n, int64_t d,
-                         int64_t dv, float scale, const void *k, int64_t k_head,
-                         int64_t k_tok, const void *v, int64_t v_head, int64_t v_tok,
-                         int32_t bf16, float *out, float *lse, int32_t threads) {
-    if (kv <= 0 || heads % kv || d <= 0 || dv <= 0 || d > LL_MAX_DIM || dv > LL_MAX_DIM ||
-        n <= 0 || threads <= 0)
+int leyline_single_query_segments(int32_t s, const float *q, int64_t heads, int64_t kv,
+                                  const int64_t *n, int64_t d, int64_t dv, float scale,
+                                  const void *const *k, const void *const *v,
+                                  const int64_t *strides, int32_t bf16, float *out,
+                                  float *lse, int32_t threads) {
+    if (s <= 0 || kv <= 0 || heads % kv || d <= 0 || dv <= 0 || d > LL_MAX_DIM ||
+        dv > LL_MAX_DIM || threads <= 0)
         return 1;
-    int64_t group = heads / kv;
+    int64_t group = heads / kv, total = 0;
     if (group > LL_MAX_GROUP) return 2;
+    for (int32_t i = 0; i < s; i++) {
+        if (n[i] <= 0) return 1;
+        total += n[i];
+    }
     size_t es = bf16 ? 2 : 4;
-    /* about two segments per thread over all heads, none shorter than 256 keys */
+    /* about two tasks per thread over all heads and segments, none shorter than 256 keys */
     int64_t per = ((int64_t)threads * 2 + kv - 1) / kv;
-    int64_t seg = (n + per - 1) / per;
+    int64_t seg = (total + per - 1) / per;
     if (seg < 256) seg = 256;
-    per = (n + seg - 1) / seg;
-    int64_t tasks = kv * per;
+    int64_t tasks = 0;
+    for (int32_t i = 0; i < s; i++) tasks += kv * ((n[i] + seg - 1) / seg);
     if (tasks > LL_MAX_TASKS) return 3;
     ll_stats *st = malloc(sizeof(ll_stats) * (size_t)tasks);
     float *acc = malloc(sizeof(float) * (size_t)(tasks * group * dv));
-    if (!st || !acc) {
+    int64_t *task_of = malloc(sizeof(int64_t) * (size_t)tasks * 3); /* segment, head, lo */
+    if (!st || !acc || !task_of) {
         free(st);
         free(acc);
+        free(task_of);
         return 4;
     }
+    int64_t t = 0;
+    for (int64_t h = 0; h < kv; h++)
+        for (int32_t i = 0; i < s; i++)
+            for (int64_t lo = 0; lo < n[i]; lo += seg, t++) {
+                task_of[3 * t] = i;
+                task_of[3 * t + 1] = h;
+                task_of[3 * t + 2] = lo;
+            }
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t task = 0; task < tasks; task++) {
-        int64_t h = task / per, lo = (task % per) * seg;
-        int64_t hi = lo + seg < n ? lo + seg : n;
-        ll_segment(q + h * group * d, group, d, dv, scale, (const char *)k + h * k_head * es,
-                   k_tok, (const char *)v + h * v_head * es, v_tok, bf16, lo, hi, &st[task],
+        int64_t i = task_of[3 * task], h = task_of[3 * task + 1], lo = task_of[3 * task + 2];
+        int64_t hi = lo + seg < n[i] ? lo + seg : n[i];
+        const int64_t *sd = strides + 4 * i;
+        ll_segment(q + (i * heads + h * group) * d, group, d, dv, scale,
+                   (const char *)k[i] + h * sd[0] * es, sd[1],
+                   (const char *)v[i] + h * sd[2] * es, sd[3], bf16, lo, hi, &st[task],
                    acc + task * group * dv);
     }
+    /* tasks are ordered by head: each head's are one contiguous range */
+    int64_t first = 0;
     for (int64_t h = 0; h < kv; h++) {
-        for (int64_t i = 0; i < group; i++) {
+        int64_t last = first;
+        while (last < tasks && task_of[3 * last + 1] == h) last++;
+        for (int64_t g = 0; g < group; g++) {
             float m = -INFINITY, l = 0.0f;
-            for (int64_t p = 0; p < per; p++) {
-                float x = st[h * per + p].m[i];
+            for (int64_t p = first; p < last; p++) {
+                float x = st[p].m[g];
                 m = x > m ? x : m;
             }
-            float *o = out + (h * group + i) * dv;
+            float *o = out + (h * group + g) * dv;
             for (int64_t j = 0; j < dv; j++) o[j] = 0.0f;
-            for (int64_t p = 0; p < per; p++) {
-                const ll_stats *sp = &st[h * per + p];
-                float f = ll_exp(sp->m[i] - m);
-                const float *a = acc + ((h * per + p) * group + i) * dv;
-                l += sp->l[i] * f;
+            for (int64_t p = first; p < last; p++) {
+                float f = ll_exp(st[p].m[g] - m);
+                const float *a = acc + (p * group + g) * dv;
+                l += st[p].l[g] * f;
                 for (int64_t j = 0; j < dv; j++) o[j] += a[j] * f;
             }
             float inv = 1.0f / l;
             for (int64_t j = 0; j < dv; j++) o[j] *= inv;
-            if (lse) lse[h * group + i] = m + logf(l);
+            if (lse) lse[h * group + g] = m + logf(l);
         }
+        first = last;
     }
     free(st);
     free(acc);
+    free(task_of);
     return 0;
 }
 """
@@ -445,23 +470,10 @@ class AttentionKernel:
         self.path = path
         self.threaded = threaded
         """Built with OpenMP: calls split their keys over ``torch.get_num_threads()``."""
-        fn = lib.leyline_single_query
-        i64 = ctypes.c_int64
-        fn.argtypes = [
-            ctypes.c_void_p,
-            *(i64,) * 5,
-            ctypes.c_float,
-            ctypes.c_void_p,
-            i64,
-            i64,
-            ctypes.c_void_p,
-            i64,
-            i64,
-            ctypes.c_int32,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_int32,
-        ]
+        fn = lib.leyline_single_query_segments
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        fn.argtypes = [ctypes.c_int32, ptr, i64, i64, ptr, i64, i64, ctypes.c_float]
+        fn.argtypes += [ptr, ptr, ptr, ctypes.c_int32, ptr, ptr, ctypes.c_int32]
         fn.restype = ctypes.c_int32
         self._fn = fn
 
@@ -471,59 +483,76 @@ class AttentionKernel:
         """``softmax(q k^T * scale) v`` over every key (no mask), ``[1, heads, 1, dv]`` in
         the query's dtype (SDPA's layout); ``scale`` defaults to ``d ** -0.5``. Raises
         ``ValueError`` for tensors :func:`eligible` refuses."""
-        out, _ = self._run(query, key, value, scale, with_lse=False)
-        return out.reshape(1, query.shape[1], 1, value.shape[3]).to(query.dtype)
+        out, _ = self.attend_segments([(query, key, value)], scale, with_lse=False)
+        return out.to(query.dtype)
 
     def attend_lse(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`attend` in fp32, with each head's log-sum-exp of its scaled scores:
         ``([1, heads, 1, dv], [1, heads, 1])``, both fp32, to merge with other segments'."""
-        out, lse = self._run(query, key, value, scale, with_lse=True)
+        out, lse = self.attend_segments([(query, key, value)], scale, with_lse=True)
         assert lse is not None
-        heads = query.shape[1]
-        return out.reshape(1, heads, 1, value.shape[3]), lse.reshape(1, heads, 1)
+        return out, lse
 
-    def _run(
+    def attend_segments(
         self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
+        segments: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         scale: float | None,
         *,
-        with_lse: bool,
+        with_lse: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if not eligible(query, key, value):
-            raise ValueError("tensors not eligible for the attention kernel")
-        heads, d = query.shape[1], query.shape[3]
-        kv_heads, n, dv = key.shape[1], key.shape[2], value.shape[3]
-        q = query.reshape(heads, d).to(torch.float32).contiguous()
+        """One query's attention over the union of several key segments, each ``(query,
+        key, value)`` with its own query (e.g. rotated for that segment), in one call:
+        fp32 ``[1, heads, 1, dv]`` and, ``with_lse``, the log-sum-exp ``[1, heads, 1]``.
+        Every segment must be :func:`eligible`, all with the same heads, widths and dtype."""
+        first_q, first_k, first_v = segments[0]
+        heads, d = first_q.shape[1], first_q.shape[3]
+        kv_heads, dv, dtype = first_k.shape[1], first_v.shape[3], first_k.dtype
+        for q, k, v in segments:
+            if not eligible(q, k, v) or (q.shape[1], k.shape[1], v.shape[3], k.dtype) != (
+                heads, kv_heads, dv, dtype
+            ):  # fmt: skip
+                raise ValueError("tensors not eligible for the attention kernel")
+        count = len(segments)
+        qs = torch.stack([q.reshape(heads, d) for q, _, _ in segments]).to(torch.float32)
+        qs = qs.contiguous()
+        lengths = (ctypes.c_int64 * count)(*(k.shape[2] for _, k, _ in segments))
+        keys = (ctypes.c_void_p * count)(*(k.data_ptr() for _, k, _ in segments))
+        values = (ctypes.c_void_p * count)(*(v.data_ptr() for _, _, v in segments))
+        strides = (ctypes.c_int64 * (4 * count))(
+            *(
+                x
+                for _, k, v in segments
+                for x in (k.stride(1), k.stride(2), v.stride(1), v.stride(2))
+            )
+        )
         out = torch.empty(heads, dv, dtype=torch.float32)
         lse = torch.empty(heads, dtype=torch.float32) if with_lse else None
-        nbytes = n * kv_heads * (d + dv) * key.element_size()
+        n = sum(lengths)
+        nbytes = n * kv_heads * (d + dv) * first_k.element_size()
         threads = max(1, min(torch.get_num_threads(), nbytes // _MIN_BYTES_PER_THREAD))
         rc = self._fn(
-            q.data_ptr(),
+            count,
+            qs.data_ptr(),
             heads,
             kv_heads,
-            n,
+            lengths,
             d,
             dv,
             d**-0.5 if scale is None else scale,
-            key.data_ptr(),
-            key.stride(1),
-            key.stride(2),
-            value.data_ptr(),
-            value.stride(1),
-            value.stride(2),
-            int(key.dtype == torch.bfloat16),
+            keys,
+            values,
+            strides,
+            int(dtype == torch.bfloat16),
             out.data_ptr(),
             None if lse is None else lse.data_ptr(),
             threads if self.threaded else 1,
         )
         if rc != 0:
             raise ValueError(f"attention kernel refused its arguments (rc={rc})")
-        return out, lse
+        out4 = out.reshape(1, heads, 1, dv)
+        return out4, None if lse is None else lse.reshape(1, heads, 1)
 
 
 def _flags(openmp: bool) -> list[str]:

@@ -265,7 +265,9 @@ def _move_keys(kv: KVCache, run: Run, layout: CacheLayout, rope: RopeSpec) -> No
                 (t[:, :, dst0 + a : dst0 + a + n], t[:, :, src0 + a : src0 + a + n])
                 for t in (layer[slot] for layer in kv)
             ]
-            rotate_many_into(pairs, d, rope.inv_freq, layout.pairing, offset=layout.offset)
+            rotate_many_into(
+                pairs, d, rope.inv_freq, layout.pairing, offset=layout.offset, disjoint=True
+            )
         return
     bounce = [
         torch.empty(_side_shape(layer[slot], BOUNCE), dtype=layer[slot].dtype) for layer in kv

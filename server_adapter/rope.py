@@ -234,11 +234,11 @@ def _kernel_mode(formula: Literal["addcmul", "complex"], half: int) -> bool | No
 
 
 def _fused_plan(
-    band_dst: torch.Tensor, band_src: torch.Tensor, pairing: Pairing
+    band_dst: torch.Tensor, band_src: torch.Tensor, pairing: Pairing, disjoint: bool = False
 ) -> tuple[rope_kernel.Band, bool] | None:
     """The kernel's description of this band and its rounding order, or None when the band
     stays on the eager path."""
-    band = rope_kernel.describe(band_dst, band_src)
+    band = rope_kernel.describe(band_dst, band_src, disjoint=disjoint)
     if band is None:
         return None
     formula = _kernel_formula(band_dst, band_src, pairing)
@@ -278,6 +278,7 @@ def _rotate_many(
     offset: int,
     *,
     fused: bool,
+    disjoint: bool = False,
 ) -> None:
     width = 2 * int(inv_freq.numel())
     for _, src in pairs:
@@ -303,7 +304,7 @@ def _rotate_many(
         whole = offset == 0 and stop == src.shape[-1]
         band_src = src if whole else src[..., offset:stop]
         band_dst = dst if whole else dst[..., offset:stop]
-        plan = None if kernel is None else _fused_plan(band_dst, band_src, pairing)
+        plan = None if kernel is None else _fused_plan(band_dst, band_src, pairing, disjoint)
         if plan is None:
             _rotate_eager(band_dst, band_src, delta, inv_freq, pairing)
         else:
@@ -355,11 +356,14 @@ def rotate_many_into(
     pairing: Pairing,
     *,
     offset: int = 0,
+    disjoint: bool = False,
 ) -> None:
     """:func:`rotate_into` for every ``(dst, src)`` (e.g. one per layer), bitwise the same,
     with the fused bands rotated in one kernel call: one fork-join of the threads for a
-    whole cache instead of one per layer."""
-    _rotate_many(pairs, delta, inv_freq, pairing, offset, fused=True)
+    whole cache instead of one per layer. ``disjoint``: the caller guarantees that no
+    ``dst`` shares an element with any ``src`` even where they share a storage (pieces of
+    one buffer, ``in_place_edit``), so the kernel may take them."""
+    _rotate_many(pairs, delta, inv_freq, pairing, offset, fused=True, disjoint=disjoint)
 
 
 def rotate_into_eager(

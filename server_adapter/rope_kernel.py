@@ -402,11 +402,12 @@ def _outer(
     return [1] * pad + sizes + [0] * pad + ss + [0] * pad + ds
 
 
-def describe(dst: torch.Tensor, src: torch.Tensor) -> Band | None:
+def describe(dst: torch.Tensor, src: torch.Tensor, *, disjoint: bool = False) -> Band | None:
     """The kernel's description of rotating ``src``'s band into ``dst``'s, or None when the
     kernel cannot: it needs the same shape, CPU, fp32 or bf16 (both the same), unit stride
     on the last dim (an even width of at most ``2·MAX_HALF``), at most 3 row dims once
-    merged, and separate storages (it never rotates in place)."""
+    merged, and separate storages (it never rotates in place), unless the caller vouches
+    (``disjoint``) that the two views share no element though they share a storage."""
     shape = src.shape
     if (
         not src.is_cpu
@@ -423,7 +424,7 @@ def describe(dst: torch.Tensor, src: torch.Tensor) -> Band | None:
     s_st, d_st = src.stride(), dst.stride()
     if s_st[-1] != 1 or d_st[-1] != 1:
         return None
-    if src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
+    if not disjoint and src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
         return None
     outer = _outer(shape, s_st, d_st)
     if outer is None:

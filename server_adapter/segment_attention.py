@@ -13,6 +13,10 @@ the log-sum-exp-weighted mix of the parts' softmaxes):
 - **the side buffer** (the tokens this forward computes), causally: a query sees the side
   entries up to its own.
 
+A lone query (the last token run again) takes every segment in one call of the
+single-query kernel (``AttentionKernel.attend_segments``), which merges them as it merges
+its own key chunks; other runs attend segment by segment and merge here.
+
 The model's attention function (``attention.grouped_sdpa_forward``) takes this path when the
 forward passes a :class:`SegmentPlan` under :data:`SEGMENTS_KWARG`; the cache layer hands it
 the side buffer as ``key``/``value`` and the attention mask of the side entries.
@@ -86,22 +90,33 @@ def segmented_attention(
     returns ``[1, m, heads, dv]`` in the query's dtype (the attention function's layout).
     ``side_mask``: additive ``[1, 1, m, side]``, the side entries each query sees."""
     keys, values = plan.old[layer]
+    kernel = attention_kernel.load()
     outs: list[torch.Tensor] = []
     for run in plan.runs:
         q = query[:, :, run.first : run.end]
-        parts: list[Part] = []
         rotated: dict[int, torch.Tensor] = {0: q}
+        segments = []
         for seg in run.kept:
             qd = rotated.get(seg.delta)
             if qd is None:
                 qd = rotated[seg.delta] = plan.rotate(q, -seg.delta)
             k, v = keys[:, :, seg.start : seg.end], values[:, :, seg.start : seg.end]
-            parts.append(attend_part(qd, k, v, None, scale))
+            segments.append((qd, k, v))
         n = run.side_seen
+        segments.append((q, side_key[:, :, :n], side_value[:, :, :n]))
+        if (
+            kernel is not None
+            and run.end - run.first == 1
+            and all(attention_kernel.eligible(*seg) for seg in segments)
+        ):  # a lone query (the last token): every segment in one kernel call
+            out, _ = kernel.attend_segments(segments, scale)
+            outs.append(out.to(query.dtype))
+            continue
         mask = None
         if run.end - run.first > 1 and side_mask is not None:
             mask = side_mask[..., run.first : run.end, :n]
-        parts.append(attend_part(q, side_key[:, :, :n], side_value[:, :, :n], mask, scale))
+        parts = [attend_part(*seg, None, scale) for seg in segments[:-1]]
+        parts.append(attend_part(*segments[-1], mask, scale))
         outs.append(merge_parts(parts).to(query.dtype))
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
