@@ -11,10 +11,9 @@ fork of the same prefilled session, so machine noise hits them alike; figures ar
 token is run again in the new context, ``want_logits=True``), which re-prefill delivers too:
 in one masked pass with the replacement (the engine's default), and, as ``2-pass``, run by
 run (the replacement's prefill, then the last token's forward: the weights stream twice).
-Every arm edits a private copy of the session, so a splice runs inside the session's own
-buffers (``in_place_edit``, the engine's default); ``copy`` is the same splice with logits
-built in a new buffer instead (the path of a session whose KV is shared, and the engine's
-only path before).
+Every arm runs the engine's default path (a new buffer per edit) except ``in_place``: the
+same splice with logits inside the session's own buffers (``in_place_edit``, on a private
+copy of the session: no second KV at the peak, see the memory line).
 
 ``floor`` is what a splice with logits cannot beat on this machine: the model's weight bytes
 over the measured read bandwidth (a forward of a few tokens streams every weight once) plus
@@ -64,7 +63,7 @@ class ContextRow:
     splice_ms: float
     splice_logits_ms: float
     splice_logits_2pass_ms: float
-    splice_logits_copy_ms: float
+    splice_logits_in_place_ms: float
     floor_ms: float
     compute_floor_ms: float
     reprefill_ms: float
@@ -219,17 +218,18 @@ def timed_edit(
     *,
     want_logits: bool = False,
     one_pass: bool = True,
-    in_place: bool = True,
+    in_place: bool | None = None,
 ) -> tuple[float, torch.Tensor]:
     """Milliseconds to apply ``edit`` to a fork of ``base`` (the fork's next-token logits are
     computed after the clock stops), and those logits; ``one_pass=False`` times the 2-pass
-    splice (the replacement's prefill, then the last token's forward). The fork gets its
-    own copy of the KV (made before the clock starts), so the edit runs in place where the
-    engine can (``in_place_edit``); ``in_place=False`` times the copy path."""
-    fork = base.fork(copy_kv=in_place)
+    splice (the replacement's prefill, then the last token's forward). ``in_place``: None
+    runs the engine's default path; True edits inside the fork's own copy of the KV (made
+    before the clock starts, ``in_place_edit``) where the model can; False by copy."""
     engine = base.engine
     was = engine.edits_in_place
-    engine.one_pass, engine.edits_in_place = one_pass, was and in_place
+    path = was if in_place is None else in_place and engine.can_edit_in_place
+    fork = base.fork(copy_kv=path)
+    engine.one_pass, engine.edits_in_place = one_pass, path
     try:
         ms = timed(lambda: fork.apply_edits([edit], want_logits=want_logits))
         return ms, fork.next_token_logits()
@@ -256,7 +256,7 @@ def bench_context(
             "splice",
             "splice_logits",
             "splice_logits_2pass",
-            "splice_logits_copy",
+            "splice_logits_in_place",
             "reprefill",
             "delete",
             "delete_logits",
@@ -282,7 +282,7 @@ def bench_context(
         run(Edit(start, end, stub, Mode.amortize), "splice")
         spliced = run(Edit(start, end, stub, Mode.amortize), "splice_logits", want_logits=True)
         run(Edit(start, end, stub, Mode.amortize), "splice_logits_2pass", True, one_pass=False)
-        run(Edit(start, end, stub, Mode.amortize), "splice_logits_copy", True, in_place=False)
+        run(Edit(start, end, stub, Mode.amortize), "splice_logits_in_place", True, in_place=True)
         reprefilled = run(Edit(start, end, stub, Mode.forget), "reprefill")
         kls.append(kl(reprefilled, spliced))
         run(Edit(start, end, (), Mode.amortize), "delete")
@@ -301,7 +301,7 @@ def bench_context(
         med["splice"],
         med["splice_logits"],
         med["splice_logits_2pass"],
-        med["splice_logits_copy"],
+        med["splice_logits_in_place"],
         bandwidth.floor_ms(rotated),
         bandwidth.compute_floor_ms(rotated),
         med["reprefill"],
@@ -400,6 +400,7 @@ def memory_child(model: str, n: int, span: int, stub: int) -> None:
     prefill_peak, held = sampler.peak, sampler.rss()
     start = n // 4
     edit = Edit(start, start + span, stub_tokens(engine, stub), Mode.amortize)
+    engine.edits_in_place = engine.can_edit_in_place
     with RssSampler() as splice:
         session.apply_edits([edit], want_logits=True)  # in place: the session owns its KV
     kv_mb = kv_nbytes(session.kv) / 1e6
@@ -501,7 +502,7 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
         f"{engine.packing.describe()}"
     )
     print(
-        "context prefill_s | splice_ms +logits_ms copy_ms 2-pass_ms floor_ms x_floor cfloor_ms "
+        "context prefill_s | splice_ms +logits_ms in_place 2-pass_ms floor_ms x_floor cfloor_ms "
         "x_cfloor reprefill_ms "
         "ratio ratio(+logits) | delete_ms +logits_ms reprefill_ms ratio | KL"
     )
@@ -511,7 +512,7 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
         rows.append(r)
         print(
             f"{n:7d} {r.prefill_s:9.2f} | {r.splice_ms:9.1f} {r.splice_logits_ms:9.1f} "
-            f"{r.splice_logits_copy_ms:7.1f} {r.splice_logits_2pass_ms:9.1f} "
+            f"{r.splice_logits_in_place_ms:8.1f} {r.splice_logits_2pass_ms:9.1f} "
             f"{r.floor_ms:8.1f} {r.over_floor:6.2f}x "
             f"{r.compute_floor_ms:9.1f} {r.over_compute_floor:7.2f}x "
             f"{r.reprefill_ms:12.1f} {r.ratio:5.1f}x {r.ratio_logits:8.1f}x | "

@@ -73,12 +73,12 @@ class Engine:
             self.layout = detect_layout(self.model, self.rope)
         except SpliceUnsupportedError as exc:
             self.splice_refusal = exc
-        self.edits_in_place = in_place_layout(self.layout, self.rope, grouped) and (
-            os.environ.get(IN_PLACE_SWITCH, "1") != "0"
-        )
+        self.can_edit_in_place = in_place_layout(self.layout, self.rope, grouped)
+        """The model can take in-place edits (GQA keys on the engine's attention)."""
+        self.edits_in_place = self.can_edit_in_place and os.environ.get(IN_PLACE_SWITCH) == "1"
         """A session that owns its KV edits it inside its own buffers (``in_place_edit``):
-        no second KV during a splice. Off for models it cannot take, with
-        ``LEYLINE_IN_PLACE_EDITS=0``, or set False (benchmarks' copy arm)."""
+        no second KV during a splice, at 0-20% more latency on this CPU (docs/perf.md), so
+        off unless ``LEYLINE_IN_PLACE_EDITS=1`` or set True where memory matters more."""
 
     @classmethod
     def load(
@@ -131,7 +131,7 @@ class Engine:
     ) -> InPlaceOutcome | None:
         """``result`` executed inside ``kv``'s own buffers (the caller owns them), or None
         with nothing touched when in-place edits are off or these buffers cannot take it."""
-        if not self.edits_in_place or not self.one_pass:
+        if not (self.edits_in_place and self.can_edit_in_place and self.one_pass):
             return None
         assert self.layout is not None and self.rope is not None
         return edit_in_place(
