@@ -486,15 +486,6 @@ class AttentionKernel:
         out, _ = self.attend_segments([(query, key, value)], scale, with_lse=False)
         return out.to(query.dtype)
 
-    def attend_lse(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`attend` in fp32, with each head's log-sum-exp of its scaled scores:
-        ``([1, heads, 1, dv], [1, heads, 1])``, both fp32, to merge with other segments'."""
-        out, lse = self.attend_segments([(query, key, value)], scale, with_lse=True)
-        assert lse is not None
-        return out, lse
-
     def attend_segments(
         self,
         segments: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],

@@ -43,7 +43,7 @@ from transformers.cache_utils import DynamicLayer
 
 from leyline.protocol.algebra import EditResult, Run
 
-from .forward import DEFAULT_PREFILL_CHUNK, KVBuffers, query_runs
+from .forward import DEFAULT_PREFILL_CHUNK, KVBuffers, causal_mask_at, query_runs
 from .kv_blocks import KVCache
 from .layouts import CacheLayout
 from .rope import RopeSpec, delta_rotate, rotate_many_into
@@ -217,16 +217,12 @@ def _forward_beside(
         cache = DynamicCache()
         cache.layers.extend(_SideLayer(slots, lo) for slots in side)
         # side entry j is visible to chunk query i when j <= lo + i (positions increase)
-        hidden = (
-            torch.arange(hi, device=device)[None, :] > torch.arange(lo, hi, device=device)[:, None]
-        )
-        mask = torch.zeros(hidden.shape, dtype=dtype, device=device)
-        mask.masked_fill_(hidden, torch.finfo(dtype).min)
+        mask = causal_mask_at(torch.arange(lo, hi, device=device), hi, dtype, device)
         plan = SegmentPlan(kv, segment_runs(runs, positions, lo, hi), rotate)
         out = model(
             input_ids=ids,
             position_ids=pos.unsqueeze(0),
-            attention_mask=mask[None, None],
+            attention_mask=mask,
             cache=cache,
             use_cache=True,
             logits_to_keep=1,

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import torch
 
 from . import attention_kernel
-from .decode_attention import KERNEL_MIN_KEYS
 from .kv_blocks import KVCache
 
 SEGMENTS_KWARG = "leyline_segments"
@@ -128,19 +127,9 @@ def attend_part(
     mask: torch.Tensor | None,
     scale: float | None,
 ) -> Part:
-    """Attention of ``query`` over one segment, with its log-sum-exp (see :data:`Part`).
-
-    A lone query over enough keys runs on the single-query kernel (``attention_kernel``);
-    everything else on torch's CPU flash kernel, which takes grouped heads as they are."""
-    kernel = attention_kernel.load()
-    if (
-        kernel is not None
-        and mask is None
-        and query.shape[2] == 1
-        and key.shape[2] >= KERNEL_MIN_KEYS.get(key.dtype, key.shape[2] + 1)
-        and attention_kernel.eligible(query, key, value)
-    ):
-        return kernel.attend_lse(query, key, value, scale)
+    """Attention of ``query`` over one segment, with its log-sum-exp (see :data:`Part`), on
+    torch's CPU flash kernel, which takes grouped heads as they are (a lone query's
+    segments go to the single-query kernel together instead, :func:`segmented_attention`)."""
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, 0.0, False, attn_mask=mask, scale=scale
     )

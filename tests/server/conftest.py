@@ -41,9 +41,10 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serve(log: Path, *options: str) -> Iterator[Server]:
-    """``leyline serve`` with ``options`` on a free port, its output in ``log``; stopped on
-    exit. Raises if it exits or does not answer ``/health`` within 5 minutes."""
+def serve(log: Path, *options: str, env: dict[str, str] | None = None) -> Iterator[Server]:
+    """``leyline serve`` with ``options`` (and ``env`` on top of ours) on a free port, its
+    output in ``log``; stopped on exit. Raises if it exits or does not answer ``/health``
+    within 5 minutes."""
     port = _free_port()
     command = [sys.executable, "-m", "leyline.cli.main", "serve", "--port", str(port)]
     command += ["--api-key", API_KEY, *options]
@@ -52,7 +53,7 @@ def serve(log: Path, *options: str) -> Iterator[Server]:
             command,
             stdout=sink,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -83,4 +84,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     options = ["--max-new-tokens", "8", "--max-directives", str(MAX_DIRECTIVES)]
     options += ["--max-body-bytes", str(MAX_BODY), "--max-sessions", "48"]
     with serve(log, *options, "--log-level", "warning") as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def in_place_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The same server with in-place edits on (``LEYLINE_IN_PLACE_EDITS=1``: splices move
+    the session's own KV, docs/engine.md)."""
+    log = tmp_path_factory.mktemp("server-in-place") / "serve.log"
+    options = ["--max-new-tokens", "8", "--max-directives", str(MAX_DIRECTIVES)]
+    options += ["--max-body-bytes", str(MAX_BODY), "--max-sessions", "48"]
+    env = {"LEYLINE_IN_PLACE_EDITS": "1"}
+    with serve(log, *options, "--log-level", "warning", env=env) as running:
         yield running
