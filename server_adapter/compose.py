@@ -125,7 +125,9 @@ def refiner(engine: Engine, ratio: float | None) -> Refiner | None:
             f"{engine.loaded.label}: deviation recompute needs the model's decoder layers",
             "recompute.mode",
         )
-    return DeviationRecompute(engine.model, ratio, chunk=engine.prefill_chunk)
+    return DeviationRecompute(
+        engine.model, ratio, layer=engine.recompute_selection_layer, chunk=engine.prefill_chunk
+    )
 
 
 def compose_runs(

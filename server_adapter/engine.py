@@ -27,6 +27,7 @@ from .layouts import CacheLayout, detect_layout
 from .models import LoadedModel, load_model
 from .packed_linear import PackReport, pack_linear_layers
 from .prefix_cache import PrefixCache
+from .recompute import SELECTION_LAYER
 from .rope import RopeSpec, rope_spec
 from .run_executor import ForwardAt
 
@@ -64,10 +65,13 @@ class Engine:
         self.layout: CacheLayout | None = None
         self.splice_refusal: SpliceUnsupportedError | None = None
         self.one_pass = True
-        self.batches_decode = batches_decode(self.model)
-        """Concurrent generations' decode steps run as one batch (``batched_decode``)."""
         """Splices run every recomputed token (the last one's again included) in one masked
         pass over the weights (``forward_at``); False runs them run by run (benchmarks)."""
+        self.batches_decode = batches_decode(self.model)
+        """Concurrent generations' decode steps run as one batch (``batched_decode``)."""
+        self.recompute_selection_layer = SELECTION_LAYER
+        """The decoder layer whose in-context KV ranks a deviation compose's tokens
+        (``recompute``; capped at the model's last layer)."""
         try:
             self.rope = rope_spec(self.model)
             self.layout = detect_layout(self.model, self.rope)

@@ -22,7 +22,7 @@ ARMS_TEXT = """\
   tokens prefilled against the prefix), then the question prefilled fresh.
 - `compose_kK_devP`: the same compose with selective recompute (`recompute_ratio = P/100`,
   the server's `{"mode": "deviation"}`): the block's copied tokens are run in context
-  through the first two layers, and the P% whose KV there deviates most from the copy are
+  through the first five layers, and the P% whose KV there deviates most from the copy are
   recomputed through every layer (definition: `server_adapter/recompute.py`).
 - `compose_kK_askP` (an eval arm, not a server mode): the same share of the block
   recomputed the same way, chosen instead by the attention the question's queries give each

@@ -189,6 +189,7 @@ def run_compose_eval(options: ComposeOptions) -> Path:
         "seams": ",".join(map(str, options.seams)),
         "control_seam": options.control_seam,
         "recompute_seam": options.recompute_seam,
+        "recompute_selection_layer": engine.recompute_selection_layer,
         "recompute_ratios": ",".join(f"{r:g}" for r in options.ratios),
         "ask_ratios": ",".join(f"{r:g}" for r in options.ask_ratios),
         "anchor": anchor,

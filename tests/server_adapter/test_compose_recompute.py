@@ -30,6 +30,8 @@ from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.forward import prefill_at
 from leyline.server_adapter.kv_blocks import KVCache
 from leyline.server_adapter.models import build_tiny_mla
+from leyline.server_adapter.recompute import SELECTION_LAYER as ENGINE_DEFAULT
+from leyline.server_adapter.recompute import DeviationRecompute, selection_layer
 from leyline.server_adapter.session import SessionCache
 from leyline.server_adapter.skills import compile_skill
 
@@ -47,7 +49,7 @@ from .test_compose import (
     top_logprob_gap,
 )
 
-SELECTION_LAYER = 1  # the definition's: the second decoder layer
+SELECTION_LAYER = 4  # the definition's default: the fifth decoder layer (capped)
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -81,6 +83,7 @@ def reference(
     ratio: float,
     *,
     lowest: bool = False,
+    layer: int = SELECTION_LAYER,
 ) -> tuple[KVCache, list[int]]:
     """The definition's KV of ``tokens[:at] + skill + tokens[at:]`` and the recomputed
     positions; ``lowest``: the control that recomputes the least deviating tokens."""
@@ -88,7 +91,7 @@ def reference(
     theta, k, n = _theta(model), min(seam, len(skill)), len(skill)
     a, b = at + k, at + n
     layers = model.config.num_hidden_layers
-    s = min(SELECTION_LAYER, layers - 1)
+    s = max(min(layer, layers - 2), 1)  # below the last layer, above layer 0
     inside = prefill_at(model, list(tokens[:at]) + list(skill), 0)  # in context, every layer
     alone = prefill_at(model, list(skill), 0)
     old = prefill_at(model, list(tokens), 0)
@@ -155,16 +158,23 @@ def _composed(
 # -- (a) the engine equals the definition; controls far off ---------------------------------
 
 
-@pytest.mark.parametrize("seam", [0, 4])
-@pytest.mark.parametrize("where", ["middle", "end"])
+@pytest.mark.parametrize(
+    ("where", "seam", "layer"),
+    [("middle", 0, SELECTION_LAYER), ("middle", 4, SELECTION_LAYER), ("end", 0, SELECTION_LAYER),
+     ("end", 4, SELECTION_LAYER), ("middle", 4, 1)],
+)  # fmt: skip
 def test_deviation_compose_equals_the_definition(
-    case: tuple[str, Engine], where: str, seam: int
+    case: tuple[str, Engine], where: str, seam: int, layer: int
 ) -> None:
     name, engine = case
     ratio = 0.3
-    session, tokens, skill, suffix, at = _composed(engine, where, seam, ratio, name)
+    default, engine.recompute_selection_layer = engine.recompute_selection_layer, layer
+    try:
+        session, tokens, skill, suffix, at = _composed(engine, where, seam, ratio, name)
+    finally:
+        engine.recompute_selection_layer = default
     model = engine.model
-    ref, chosen = reference(name, model, tokens, skill, at, seam, ratio)
+    ref, chosen = reference(name, model, tokens, skill, at, seam, ratio, layer=layer)
     assert 1 < len(chosen) < len(skill) - seam
     for got, want in zip(session.kv, ref, strict=True):
         for s in range(2):
@@ -172,7 +182,7 @@ def test_deviation_compose_equals_the_definition(
     last = [session.tokens[-1]]
     figures = {"next": top_logprob_gap(logits_after(model, _drop_last(ref), last),
                                        session.next_token_logits())}  # fmt: skip
-    wrong, _ = reference(name, model, tokens, skill, at, seam, ratio, lowest=True)
+    wrong, _ = reference(name, model, tokens, skill, at, seam, ratio, lowest=True, layer=layer)
     figures["lowest"] = top_logprob_gap(
         logits_after(model, _drop_last(wrong), last), session.next_token_logits()
     )
@@ -259,3 +269,11 @@ def test_a_failed_deviation_compose_leaves_the_session_as_it_was(
     with pytest.raises(RuntimeError):
         session.compose(skill, 10, seam_tokens=2, recompute_ratio=0.5)
     _unchanged(session, *before)
+
+
+def test_the_selection_layer_is_capped_and_never_layer_zero(mla: Engine) -> None:
+    assert ENGINE_DEFAULT == SELECTION_LAYER  # the test's definition is the engine's default
+    assert [selection_layer(n) for n in (1, 2, 3, 5, 30)] == [0, 1, 1, 3, 4]
+    assert selection_layer(30, 1) == 1 and selection_layer(30, 40) == 28
+    with pytest.raises(ValueError, match="at least 1"):
+        DeviationRecompute(mla.model, 0.15, layer=0)
