@@ -21,6 +21,10 @@ the rotated keys' bytes over the measured copy bandwidth (read once, written onc
 ``cfloor`` replaces the weight stream by the measured time of the model's linear layers on
 the pass's rows (stub + the last token) where that is longer: with few cores the matrix
 products of 17 rows are compute-bound and do not hide behind the weight stream.
+``pfloor`` does the same with the pass's matrix-product FLOPs at the best rate this machine
+reaches on a large square product (2048^3 in the model's dtype): no kernel for 17 rows does
+better, so where ``pfloor`` exceeds 1.5x ``floor`` the issue's "within 1.5x of the floor"
+cannot be met here by any software (printed per context as ``target``).
 
 Run: ``.venv/bin/python evals/bench_splice.py`` (``--quick`` for a smoke run).
 """
@@ -71,6 +75,13 @@ class ContextRow:
     delete_logits_ms: float
     delete_reprefill_ms: float
     kl_splice_vs_reprefill: float
+    peak_compute_floor_ms: float = 0.0
+
+    @property
+    def floor_target_attainable(self) -> bool:
+        """Whether "within 1.5x of the floor" lies above what the matrix products need at
+        this machine's best matrix-product rate (``pfloor``)."""
+        return 1.5 * self.floor_ms >= self.peak_compute_floor_ms
 
     @property
     def ratio(self) -> float:
@@ -108,6 +119,10 @@ class Bandwidth:
     """Every linear layer of the model on ``linear_rows`` rows (the output head on one):
     what a splice's one pass spends in matrix products at this thread count, which the
     bandwidth floor assumes hidden behind the weight stream."""
+    linear_flops: int = 0
+    """FLOPs of those products (2 x rows x weights, the head on one row)."""
+    gemm_GFLOPs: float = 0.0
+    """The best matrix-product rate measured here: a 2048^3 product in the model's dtype."""
 
     def floor_ms(self, rotated_bytes: int) -> float:
         return (self.weight_bytes / self.read_GBps + rotated_bytes / self.copy_GBps) / 1e6
@@ -117,6 +132,15 @@ class Bandwidth:
         streaming the weights."""
         stream = self.weight_bytes / self.read_GBps / 1e6
         return max(stream, self.linear_ms) + rotated_bytes / self.copy_GBps / 1e6
+
+    def peak_compute_floor_ms(self, rotated_bytes: int) -> float:
+        """The floor with the products at the machine's best matrix-product rate: what no
+        kernel for few rows can beat (0 when the rate was not measured)."""
+        if not self.gemm_GFLOPs:
+            return 0.0
+        stream = self.weight_bytes / self.read_GBps / 1e6
+        products = self.linear_flops / self.gemm_GFLOPs / 1e6
+        return max(stream, products) + rotated_bytes / self.copy_GBps / 1e6
 
 
 def linear_layers(engine: Engine, rows: int) -> Callable[[], object]:
@@ -139,19 +163,35 @@ def linear_layers(engine: Engine, rows: int) -> Callable[[], object]:
     return run
 
 
+GEMM_SIZE = 2048
+
+
+def linear_flops(engine: Engine, rows: int) -> int:
+    """FLOPs of every linear layer on ``rows`` rows, the output head on one."""
+    head = engine.model.get_output_embeddings()
+    return sum(
+        2 * (1 if m is head else rows) * m.in_features * m.out_features
+        for m in engine.model.modules()
+        if isinstance(m, torch.nn.Linear | PackedLinear)
+    )
+
+
 def measure_bandwidth(engine: Engine, runs: int, rows: int) -> Bandwidth:
     nbytes = linear_weight_bytes(engine.model)
     src = torch.empty(nbytes // 4, dtype=torch.float32).uniform_()
     dst = torch.empty_like(src)
+    a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE).to(engine.model.dtype) for _ in range(2))
     arms: dict[str, Callable[[], object]] = {
         "read": src.sum,
         "copy": lambda: dst.copy_(src),
         "linear": linear_layers(engine, rows),
+        "gemm": lambda: a @ b,
     }
     med = interleaved_medians(arms, runs)
     return Bandwidth(
-        nbytes, nbytes / med["read"] / 1e6, nbytes / med["copy"] / 1e6, rows, med["linear"]
-    )
+        nbytes, nbytes / med["read"] / 1e6, nbytes / med["copy"] / 1e6, rows, med["linear"],
+        linear_flops(engine, rows), 2 * GEMM_SIZE**3 / med["gemm"] / 1e6,
+    )  # fmt: skip
 
 
 def key_bytes_per_token(engine: Engine, kv: tuple) -> int:  # type: ignore[type-arg]
@@ -309,6 +349,7 @@ def bench_context(
         med["delete_logits"],
         med["delete_reprefill"],
         statistics.median(kls),
+        bandwidth.peak_compute_floor_ms(rotated),
     )
 
 
@@ -520,6 +561,13 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
             f"{r.delete_ratio:5.1f}x | {r.kl_splice_vs_reprefill:.4f}",
             flush=True,
         )
+        print(
+            f"#   {n}: target 1.5 x floor = {1.5 * r.floor_ms:.1f} ms; pfloor (the pass's "
+            f"{bandwidth.linear_flops / 1e9:.2f} GFLOP at {bandwidth.gemm_GFLOPs:.0f} GFLOP/s, "
+            f"the best {GEMM_SIZE}^3 product here) {r.peak_compute_floor_ms:.1f} ms: "
+            + ("attainable" if r.floor_target_attainable else "below what the products need"),
+            flush=True,
+        )
     results: dict[str, object] = {
         "model": engine.loaded.label,
         "dtype": dtype_name,
@@ -531,6 +579,7 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
                 "ratio_logits": r.ratio_logits,
                 "x_floor": r.over_floor,
                 "x_compute_floor": r.over_compute_floor,
+                "floor_target_attainable": r.floor_target_attainable,
             }
             for r in rows
         ],

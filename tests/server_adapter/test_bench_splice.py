@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from leyline.evals.bench_splice import main
+from leyline.evals.bench_splice import Bandwidth, linear_flops, main
+from leyline.server_adapter.engine import Engine
+from leyline.server_adapter.models import build_tiny_mla
 
 
 def test_bench_runs_end_to_end_on_a_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:
@@ -34,5 +36,27 @@ def test_bench_reports_both_dtypes_with_a_floor(capsys: pytest.CaptureFixture[st
         (row,) = figures["rows"]
         assert row["floor_ms"] > 0 and math.isfinite(row["x_floor"]) and row["x_floor"] > 0
         assert figures["bandwidth"]["read_GBps"] > 0 and figures["bandwidth"]["copy_GBps"] > 0
+        assert figures["bandwidth"]["gemm_GFLOPs"] > 0 and figures["bandwidth"]["linear_flops"] > 0
+        assert math.isfinite(row["peak_compute_floor_ms"]) and row["peak_compute_floor_ms"] > 0
+        assert isinstance(row["floor_target_attainable"], bool)
     out = capsys.readouterr().out
     assert "in float32" in out and "in bfloat16" in out
+    assert out.count("pfloor (the pass's") == 2
+
+
+def test_the_peak_compute_floor_is_the_products_at_the_best_rate() -> None:
+    # 1 GB of weights at 50 GB/s streams in 20 ms; 6 GFLOP at 200 GFLOP/s take 30 ms; the
+    # rotation: 0.1 GB read and written at 10 GB/s of copy, 10 ms.
+    bw = Bandwidth(10**9, 50.0, 10.0, 17, 45.0, 6 * 10**9, 200.0)
+    assert math.isclose(bw.floor_ms(10**8), 30.0)
+    assert math.isclose(bw.compute_floor_ms(10**8), 55.0)
+    assert math.isclose(bw.peak_compute_floor_ms(10**8), 40.0)
+    assert Bandwidth(10**9, 50.0, 10.0, 17, 45.0).peak_compute_floor_ms(10**8) == 0.0
+
+
+def test_linear_flops_count_every_linear_layer_and_the_head_on_one_row() -> None:
+    engine = Engine(build_tiny_mla("v2"))
+    head = engine.model.get_output_embeddings()
+    layers = [m for m in engine.model.modules() if hasattr(m, "in_features")]
+    body = sum(m.in_features * m.out_features for m in layers if m is not head)
+    assert linear_flops(engine, 17) == 2 * 17 * body + 2 * head.in_features * head.out_features
