@@ -59,6 +59,18 @@ def compiler() -> str | None:
     return None
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (empty where /proc/cpuinfo is not)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
 def base_flags(openmp: bool) -> list[str]:
     """Optimised, position-independent C11 with the vector ISA torch's own kernels use here
     (AVX2 + FMA, AVX-512 where torch runs AVX-512)."""

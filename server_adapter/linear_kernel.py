@@ -17,9 +17,11 @@ reads a packed buffer under that layout and ``PackedLinear`` compares it with th
 weight bitwise before using the kernel for a layer, so a different oneDNN, CPU or shape
 that packs otherwise only means the layer keeps oneDNN's product.
 
-Sums are fp32 for both dtypes (bf16 widened exactly, as oneDNN does); a bf16 output is
-rounded to nearest even. Built and loaded by ``kernel_build`` (``LEYLINE_LINEAR_KERNEL=0``
-turns it off); without a compiler :func:`load` returns None.
+Sums are fp32 for both dtypes; a bf16 output is rounded to nearest even. bf16 weights are
+widened exactly, or, on a CPU with AVX512_BF16, multiplied a pair at a time by its bf16 dot
+product (``vdpbf16ps``: both products of a pair added to an fp32 lane; about 2x the
+widening loop at 8-17 rows), as oneDNN does. Built and loaded by ``kernel_build``
+(``LEYLINE_LINEAR_KERNEL=0`` turns it off); without a compiler :func:`load` returns None.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ __all__ = ["BLOCK", "DirectLinear", "KernelStatus", "LinearKernel", "load", "pac
 
 BLOCK = 64
 """Output columns per packed block."""
+FEW_ROWS = 8
+"""Most rows a product sends to the kernel: over SmolLM2's layers 1.3-2.1x faster than
+oneDNN's at 1-8 rows in both dtypes; at 17 even in fp32 (``evals/bench_packed_linear.py``;
+docs/perf.md)."""
+BF16_DOT_ROWS = 32
+"""The same for bf16 where the kernel runs on the CPU's bf16 dot product: 1.2x oneDNN's at
+17 rows and 1.14x at 32 on this machine (docs/perf.md)."""
 _ENV_SWITCH = "LEYLINE_LINEAR_KERNEL"
 _MIN_BLOCKS_PER_THREAD = 4
 """A layer with fewer output blocks per thread runs on fewer threads (a fork costs more)."""
@@ -144,10 +153,49 @@ static inline __attribute__((always_inline)) void ll_block_bf16(
 #endif
 }
 
-static void ll_block(int bf16, const void *w, int64_t k, const float *x, int64_t kp,
-                     float *out, int r) {
+#ifdef __AVX512BF16__
+/* bf16 on the CPU's bf16 dot product: each instruction adds both products of a pair
+   (x[2p] W[2p][c] + x[2p+1] W[2p+1][c]) to fp32 lane c, so the weights are never widened.
+   xb holds the rows in bf16, kp apart, zero past k. */
+static inline __attribute__((always_inline)) void ll_block_dpbf16(
+    const uint16_t *w, int64_t k, const uint16_t *xb, int64_t kp, float *out, const int R) {
+    int64_t pairs = (k + 1) / 2;
+    __m512 a[LL_GROUP][4];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; p++) {
+        const uint16_t *wp = w + p * 2 * LL_BLOCK;
+        __m512bh v[4];
+        for (int j = 0; j < 4; j++)
+            v[j] = (__m512bh)_mm512_loadu_si512((const void *)(wp + 32 * j));
+        for (int i = 0; i < R; i++) {
+            int32_t pair;
+            memcpy(&pair, xb + i * kp + 2 * p, 4);
+            __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+            for (int j = 0; j < 4; j++) a[i][j] = _mm512_dpbf16_ps(a[i][j], v[j], xv);
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + i * LL_BLOCK + 16 * j, a[i][j]);
+}
+#endif
+
+static void ll_block(int bf16, const void *w, int64_t k, const float *x, const uint16_t *xb,
+                     int64_t kp, float *out, int r) {
     if (bf16) {
         const uint16_t *wb = (const uint16_t *)w;
+#ifdef __AVX512BF16__
+        (void)x;
+        switch (r) {
+        case 1: ll_block_dpbf16(wb, k, xb, kp, out, 1); break;
+        case 2: ll_block_dpbf16(wb, k, xb, kp, out, 2); break;
+        case 3: ll_block_dpbf16(wb, k, xb, kp, out, 3); break;
+        default: ll_block_dpbf16(wb, k, xb, kp, out, 4); break;
+        }
+        return;
+#else
+        (void)xb;
+#endif
         switch (r) {
         case 1: ll_block_bf16(wb, k, x, kp, out, 1); break;
         case 2: ll_block_bf16(wb, k, x, kp, out, 2); break;
@@ -165,6 +213,15 @@ static void ll_block(int bf16, const void *w, int64_t k, const float *x, int64_t
     }
 }
 
+/* 1 when bf16 products run on the CPU's bf16 dot product (built with AVX512_BF16). */
+int32_t leyline_linear_bf16_dot(void) {
+#ifdef __AVX512BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* y[rows][n] = x[rows][k] W^T (+ bias): W packed as above, n output columns in
    ceil(n / 64) blocks of kp reduction entries each. x, bias and y are fp32 or bf16 like W
    (bf16 = 1), rows contiguous (x_stride / y_stride elements apart). Returns 0, or -1 when
@@ -176,11 +233,18 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
     int64_t blocks = (n + LL_BLOCK - 1) / LL_BLOCK;
     int64_t es = bf16 ? 2 : 4;
     float *xf = (float *)calloc((size_t)(rows * kp + 1), sizeof(float));
-    if (!xf) return -1;
+    uint16_t *xb = (uint16_t *)calloc((size_t)(rows * kp + 2), sizeof(uint16_t));
+    if (!xf || !xb) {
+        free(xf);
+        free(xb);
+        return -1;
+    }
     for (int64_t i = 0; i < rows; i++)
-        for (int64_t t = 0; t < k; t++)
+        for (int64_t t = 0; t < k; t++) {
+            if (bf16) xb[i * kp + t] = ((const uint16_t *)x)[i * x_stride + t];
             xf[i * kp + t] = bf16 ? ll_bf16(((const uint16_t *)x)[i * x_stride + t])
                                   : ((const float *)x)[i * x_stride + t];
+        }
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t b = 0; b < blocks; b++) {
         float out[LL_GROUP * LL_BLOCK];
@@ -189,7 +253,7 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
         int64_t cols = n - c0 < LL_BLOCK ? n - c0 : LL_BLOCK;
         for (int64_t i0 = 0; i0 < rows; i0 += LL_GROUP) {
             int r = rows - i0 < LL_GROUP ? (int)(rows - i0) : LL_GROUP;
-            ll_block(bf16, wb, k, xf + i0 * kp, kp, out, r);
+            ll_block(bf16, wb, k, xf + i0 * kp, xb + i0 * kp, kp, out, r);
             for (int i = 0; i < r; i++) {
                 for (int64_t c = 0; c < cols; c++) {
                     float v = out[i * LL_BLOCK + c];
@@ -204,6 +268,7 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
         }
     }
     free(xf);
+    free(xb);
     return 0;
 }
 """
@@ -240,7 +305,7 @@ class DirectLinear:
     costs one allocation and one foreign call (a decode step makes 211 of them)."""
 
     __slots__ = ("_bf16", "_bias", "_fn", "_in", "_k_pad", "_out", "_ptr", "_threads",
-                 "packed")  # fmt: skip
+                 "max_rows", "packed")  # fmt: skip
 
     def __init__(
         self,
@@ -251,8 +316,11 @@ class DirectLinear:
         in_features: int,
         bias: torch.Tensor | None,
         threads: int,
+        max_rows: int = FEW_ROWS,
     ) -> None:
         self.packed = packed  # keeps the buffer alive
+        self.max_rows = max_rows
+        """Most rows worth sending here rather than to oneDNN."""
         self._fn, self._ptr, self._k_pad = fn, int(torch.ops.mkldnn.data_ptr(packed)), k_pad
         self._out, self._in, self._threads = out_features, in_features, threads
         self._bias = None if bias is None else bias.contiguous()
@@ -285,6 +353,8 @@ class LinearKernel:
                        ctypes.c_int32]  # fmt: skip
         fn.restype = ctypes.c_int32
         self._fn = fn
+        self.bf16_dot = bool(lib.leyline_linear_bf16_dot())
+        """bf16 products run on the CPU's bf16 dot product (AVX512_BF16)."""
 
     def bind(
         self, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
@@ -301,11 +371,15 @@ class LinearKernel:
             return None
         blocks = -(-out_features // BLOCK)
         threads = blocks // _MIN_BLOCKS_PER_THREAD if self.threaded else 1
-        return DirectLinear(self._fn, packed, k_pad, out_features, in_features, bias, threads)
+        rows = BF16_DOT_ROWS if packed.dtype == torch.bfloat16 and self.bf16_dot else FEW_ROWS
+        return DirectLinear(self._fn, packed, k_pad, out_features, in_features, bias, threads, rows)
 
 
 def _flags(openmp: bool) -> list[str]:
-    return [*kernel_build.base_flags(openmp), "-ffp-contract=fast"]
+    flags = [*kernel_build.base_flags(openmp), "-ffp-contract=fast"]
+    if "-mavx512f" in flags and "avx512_bf16" in kernel_build.cpu_flags():
+        flags.append("-mavx512bf16")  # bf16 products on the CPU's bf16 dot product
+    return flags
 
 
 _kernel = kernel_build.LazyKernel(

@@ -8,7 +8,8 @@ blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, what torch's own CP
 uses for frozen weights) run 1.3-2x faster at every row count measured, prefill chunks of
 512 rows included (``docs/perf.md``, "Linear layers on packed weights"). Products of at most
 :data:`KERNEL_MAX_ROWS` rows (a decode step, a batched decode of a few sessions, a delete's
-last token) read the same packed buffer with ``linear_kernel`` instead, at memory speed.
+last token; in bf16 with a bf16 dot product a splice's pass too) read the same packed buffer
+with ``linear_kernel`` instead, at memory speed.
 
 :func:`pack_linear_layers` swaps every ``nn.Linear`` of a CPU model in fp32 or bf16 for a
 :class:`PackedLinear` holding only the packed weight: no second copy of the weights stays
@@ -39,10 +40,10 @@ SWITCH = "LEYLINE_PACKED_LINEAR"
 ROWS_HINT = 64
 """The row count oneDNN is told to expect when it picks the packed layout; measured best
 or tied for 1-512 rows on this machine (``evals/bench_packed_linear.py``)."""
-KERNEL_MAX_ROWS = 8
-"""Most rows a product sends to ``linear_kernel``: over SmolLM2's layers 1.3-2.1x faster
-than oneDNN's at 1-8 rows in both dtypes; at 17 even in fp32 and slower in bf16
-(``evals/bench_packed_linear.py``; docs/perf.md)."""
+KERNEL_MAX_ROWS = linear_kernel.FEW_ROWS
+"""Most rows a product sends to ``linear_kernel`` (``linear_kernel.FEW_ROWS``); bf16 on a
+CPU with a bf16 dot product sends up to ``linear_kernel.BF16_DOT_ROWS`` (a splice's one
+pass of 17 rows included)."""
 
 
 class PackedLinear(nn.Module):
@@ -54,7 +55,7 @@ class PackedLinear(nn.Module):
         rows_hint: int = ROWS_HINT,
         kernel: LinearKernel | None = None,
     ) -> None:
-        """``kernel``: run products of at most :data:`KERNEL_MAX_ROWS` rows on it, when the
+        """``kernel``: run products of few rows on it (``DirectLinear.max_rows``), when the
         packed buffer has its layout (checked bitwise here)."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -65,6 +66,8 @@ class PackedLinear(nn.Module):
         self.direct: DirectLinear | None = (
             None if kernel is None else kernel.bind(self.packed, weight, self.bias)
         )
+        self.kernel_rows = 0 if self.direct is None else self.direct.max_rows
+        """Most rows a product sends to the kernel (0: none)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
@@ -72,7 +75,7 @@ class PackedLinear(nn.Module):
         if (
             self.direct is not None
             and x.shape[-1] == self.in_features  # else oneDNN's product says what is wrong
-            and x.numel() <= KERNEL_MAX_ROWS * self.in_features
+            and x.numel() <= self.kernel_rows * self.in_features
             and x.is_contiguous()
         ):
             return self.direct(x)
@@ -88,7 +91,7 @@ class PackedLinear(nn.Module):
         return dense
 
     def extra_repr(self) -> str:
-        kernel = f", rows <= {KERNEL_MAX_ROWS} on linear_kernel" * (self.direct is not None)
+        kernel = f", rows <= {self.kernel_rows} on linear_kernel" * (self.direct is not None)
         shape = f"in={self.in_features}, out={self.out_features}, {self.dtype}"
         return f"{shape}, oneDNN-packed{kernel}"
 

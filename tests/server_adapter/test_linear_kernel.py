@@ -102,7 +102,7 @@ def test_fp32_products_are_as_close_to_fp64_as_torchs(
 
 
 @needs_bf16
-@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize("rows", [1, 3, 6, 17])
 @pytest.mark.parametrize(("out_features", "in_features", "bias"), [(576, 576, True),
                                                                    (130, 71, True),
                                                                    (192, 576, False)])  # fmt: skip
@@ -122,10 +122,11 @@ def test_bf16_products_are_one_rounding_of_the_exact_one(
     assert bool(((got.double() - exact).abs() <= bound).all())
 
 
-def test_the_thread_count_does_not_change_a_bit(kernel: LinearKernel) -> None:
-    linear = _linear(1000, 576, True, torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16)])
+def test_the_thread_count_does_not_change_a_bit(kernel: LinearKernel, dtype: torch.dtype) -> None:
+    linear = _linear(1000, 576, True, dtype)
     direct = _bound(kernel, linear)
-    x = torch.randn(3, 576)
+    x = torch.randn(3, 576).to(dtype)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -166,6 +167,27 @@ def test_packed_linear_sends_only_few_contiguous_rows_to_the_kernel(kernel: Line
     with pytest.raises(RuntimeError):  # a wrong width is oneDNN's error, never a wrong read
         layer(torch.randn(1, 1, 500))
     assert spy.calls == 2
+
+
+@needs_bf16
+def test_bf16_on_the_dot_product_takes_a_splices_pass(kernel: LinearKernel) -> None:
+    """Where the CPU has a bf16 dot product, bf16 products of up to 32 rows (a splice's
+    17 among them) go to the kernel; fp32 ones stop at 8."""
+    assert kernel.bf16_dot == ("avx512_bf16" in kernel_build.cpu_flags() and AVX512)
+    bf16 = PackedLinear(_linear(192, 576, True, torch.bfloat16), kernel=kernel)
+    fp32 = PackedLinear(_linear(192, 576, True, torch.float32), kernel=kernel)
+    if bf16.direct is None or fp32.direct is None:
+        assert not AVX512, "PackedLinear left a layer off the kernel on an AVX-512 CPU"
+        pytest.skip("oneDNN packs these weights in another layout on this CPU")
+    most = linear_kernel.BF16_DOT_ROWS if kernel.bf16_dot else KERNEL_MAX_ROWS
+    assert (bf16.kernel_rows, fp32.kernel_rows) == (most, KERNEL_MAX_ROWS)
+    spy = _Counting(bf16.direct)
+    bf16.direct = spy  # type: ignore[assignment]
+    with torch.no_grad():
+        bf16(torch.randn(1, most, 576).to(torch.bfloat16))
+        bf16(torch.randn(1, most + 1, 576).to(torch.bfloat16))
+    assert spy.calls == 1
+    assert f"rows <= {most} on linear_kernel" in bf16.extra_repr()
 
 
 def test_a_packed_models_decode_step_gives_the_unpacked_models_logits(
