@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from . import attention_kernel
 from .batched_decode import ROWS_KWARG, RowsView, rows_attention
 from .decode_attention import single_query_attention, takes_single_query
 from .forward import QUERY_RUNS_KWARG
@@ -86,14 +87,25 @@ def _by_runs(
     reads only the keys it can see, and a single query (a splice's last token) needs no
     mask at all. The same scores as one masked call over every key (the mask hides
     exactly what is cut), about half the time at 4k on this CPU: torch's kernel is slow
-    with an explicit mask over long keys."""
+    with an explicit mask over long keys. A run of several queries (a replacement) goes to
+    the compiled kernel's causal runs where it takes them (``AttentionKernel.takes_run``)."""
     gqa = query.shape[1] != key.shape[1]
+    kernel = attention_kernel.load()
     outs = []
     for first, end, seen in runs:
         q = query[:, :, first:end]
         k, v = key[:, :, :seen], value[:, :, :seen]
         if takes_single_query(q, k, v):  # a splice's last token: no mask, a decode step's read
             outs.append(single_query_attention(q, k, v, scaling))
+            continue
+        count = end - first
+        if (
+            seen >= attention_kernel.RUN_MIN_KEYS
+            and kernel is not None
+            and kernel.takes_run(q, k, v)
+        ):
+            causal = [seen - count + 1 + j for j in range(count)]  # a replacement: causal
+            outs.append(kernel.attend_runs([(q, k, v, causal)], scaling).to(query.dtype))
             continue
         m = None if end - first == 1 else mask[..., first:end, :seen]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scaling, enable_gqa=gqa)

@@ -38,7 +38,14 @@ MAX_DIM = 512
 """Widest key or value head the kernel takes (rows are widened on the stack)."""
 MAX_GROUP = 16
 """Most query heads per key/value head."""
+MAX_RUN_ROWS = 512
+"""Most query rows (queries times query heads per key/value head) one run call takes."""
+RUN_MIN_KEYS = 512
+"""Fewest keys a run sees (all segments) for the engine to send it here: below about 600,
+torch's flash kernel was as fast or faster (0.73-0.96x of its time at 128-300 keys,
+1.16-1.98x from 600 on; ``evals/bench_run_attention.py``)."""
 _MIN_BYTES_PER_THREAD = 1 << 18
+_MIN_RUN_WORK_PER_THREAD = 1 << 20
 _ENV_SWITCH = "LEYLINE_ATTENTION_KERNEL"
 
 _SOURCE = r"""
@@ -46,6 +53,9 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define LL_AVX2 1
@@ -285,18 +295,22 @@ typedef struct {
 
 /* Softmax bookkeeping for one chunk's scores s[i][0..cn): fold the chunk's max into the
    running one (rescaling what the segment holds), turn scores into weights, add their sum. */
+static inline void ll_fold_row(float *m, float *l, float *s, int64_t cn, int64_t dv,
+                               float *acc) {
+    float cm = ll_max(s, cn);
+    if (cm > *m) {
+        float f = *m == -INFINITY ? 0.0f : ll_exp(*m - cm);
+        *l *= f;
+        for (int64_t j = 0; j < dv; j++) acc[j] *= f;
+        *m = cm;
+    }
+    *l += ll_weights(s, cn, *m);
+}
+
 static void ll_fold(ll_stats *st, float (*s)[LL_CHUNK], int64_t group, int64_t cn,
                     int64_t dv, float *acc) {
-    for (int64_t i = 0; i < group; i++) {
-        float cm = ll_max(s[i], cn);
-        if (cm > st->m[i]) {
-            float f = st->m[i] == -INFINITY ? 0.0f : ll_exp(st->m[i] - cm);
-            st->l[i] *= f;
-            for (int64_t j = 0; j < dv; j++) acc[i * dv + j] *= f;
-            st->m[i] = cm;
-        }
-        st->l[i] += ll_weights(s[i], cn, st->m[i]);
-    }
+    for (int64_t i = 0; i < group; i++)
+        ll_fold_row(&st->m[i], &st->l[i], s[i], cn, dv, acc + i * dv);
 }
 
 /* Keys [lo, hi) of one key/value head for its `group` query heads: the segment's max,
@@ -432,6 +446,348 @@ int leyline_single_query_segments(int32_t s, const float *q, int64_t heads, int6
     free(task_of);
     return 0;
 }
+
+#if defined(__AVX512F__) && LL_AVX2
+/* Query runs with widths that are multiples of 16, up to 128. Every row of a run reads the
+   same keys, so the rows go across the vector lanes: the scores of 16 rows against a key
+   are one register, built from the rows' queries transposed once per task ([d][rows]) and
+   the key's entries broadcast (no lane reductions, no transposed keys); the softmax's max,
+   exponentials and sums run 16 rows at a time, the causal limits as lane masks; the
+   weighted values of two rows share each value row's load. */
+#define LL_RUN512 1
+#define LL_RCHUNK 64
+
+LL_INLINE __m512 ll_exp16(__m512 x) { /* ll_exp on 16 lanes */
+    const __m512 shift = _mm512_set1_ps(12582912.0f);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shift);
+    n = _mm512_sub_ps(n, shift);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
+}
+
+/* Scores of 16 rows (lanes) against TN keys: s[t][rows] for keys t0 .. t0 + TN. */
+#define LL_QK(TN)                                                                          \
+    do {                                                                                   \
+        __m512 c[TN];                                                                      \
+        for (int u = 0; u < TN; u++) c[u] = _mm512_setzero_ps();                           \
+        for (int64_t j = 0; j < d; j++) {                                                  \
+            __m512 qa = _mm512_loadu_ps(qt + j * rp + rb);                                 \
+            for (int u = 0; u < TN; u++)                                                   \
+                c[u] = _mm512_fmadd_ps(_mm512_set1_ps(kr[(t0 + u) * ks + j]), qa, c[u]);    \
+        }                                                                                  \
+        for (int u = 0; u < TN; u++) _mm512_storeu_ps(sc + (t0 + u) * rp + rb, c[u]);      \
+    } while (0)
+
+/* Columns [j, j + 16 * W) of two rows' weighted values over cn keys, weights ps apart. */
+#define LL_PV2(W)                                                                          \
+    do {                                                                                   \
+        __m512 x[W], y[W];                                                                 \
+        for (int u = 0; u < W; u++) {                                                      \
+            x[u] = _mm512_loadu_ps(a0 + j + 16 * u);                                       \
+            y[u] = _mm512_loadu_ps(a1 + j + 16 * u);                                       \
+        }                                                                                  \
+        for (int64_t t = 0; t < cn; t++) {                                                 \
+            __m512 w0 = _mm512_set1_ps(p0[t * ps]), w1 = _mm512_set1_ps(p1[t * ps]);       \
+            const float *r = vr + t * vs + j;                                              \
+            for (int u = 0; u < W; u++) {                                                  \
+                __m512 vv = _mm512_loadu_ps(r + 16 * u);                                   \
+                x[u] = _mm512_fmadd_ps(w0, vv, x[u]);                                      \
+                y[u] = _mm512_fmadd_ps(w1, vv, y[u]);                                      \
+            }                                                                              \
+        }                                                                                  \
+        for (int u = 0; u < W; u++) {                                                      \
+            _mm512_storeu_ps(a0 + j + 16 * u, x[u]);                                       \
+            _mm512_storeu_ps(a1 + j + 16 * u, y[u]);                                       \
+        }                                                                                  \
+    } while (0)
+
+LL_INLINE void ll_pv2(const float *p0, const float *p1, int64_t ps, const float *vr,
+                      int64_t vs, int64_t cn, int64_t dv, float *a0, float *a1) {
+    int64_t j = 0;
+    for (; j + 64 <= dv; j += 64) LL_PV2(4);
+    for (; j < dv; j += 16) LL_PV2(1);
+}
+
+/* Floats of scratch ll_run_task512 needs for `rows` rows. */
+static inline int64_t ll_run512_scratch(int64_t rows, int64_t d, int64_t dv) {
+    int64_t rp = (rows + 15) / 16 * 16;
+    return d * rp + LL_RCHUNK * rp + LL_RCHUNK * (d + dv) + 4 * rp;
+}
+
+static void ll_run_task512(const float *q, int64_t rows, int64_t m, const int64_t *lim,
+                           int64_t d, int64_t dv, float scale, const char *k, int64_t k_tok,
+                           const char *v, int64_t v_tok, int bf16, int64_t lo, int64_t hi,
+                           float *mx, float *l, float *acc, float *scratch) {
+    int64_t rp = (rows + 15) / 16 * 16;
+    float *qt = scratch, *sc = qt + d * rp, *kw = sc + LL_RCHUNK * rp, *vw = kw + LL_RCHUNK * d;
+    float *mv = vw + LL_RCHUNK * dv, *lv = mv + rp, *fac = lv + rp;
+    int32_t *lr = (int32_t *)(fac + rp);
+    float junk[LL_MAX_DIM];
+    int64_t top = 0;
+    for (int64_t r = 0; r < rp; r++) {
+        for (int64_t j = 0; j < d; j++) qt[j * rp + r] = r < rows ? q[r * d + j] * scale : 0.0f;
+        lr[r] = r < rows ? (int32_t)lim[r % m] : 0;
+        top = lr[r] > top ? lr[r] : top;
+        mv[r] = -INFINITY;
+        lv[r] = 0.0f;
+    }
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t c0 = lo; c0 < hi && c0 < top; c0 += LL_RCHUNK) {
+        int64_t cn = hi - c0 < LL_RCHUNK ? hi - c0 : LL_RCHUNK, ks, vs;
+        const float *kr = ll_rows(k, bf16, k_tok, d, c0, cn, kw, &ks);
+        const float *vr = ll_rows(v, bf16, v_tok, dv, c0, cn, vw, &vs);
+        for (int64_t rb = 0; rb < rp; rb += 16) {
+            int64_t t0 = 0;
+            for (; t0 + 4 <= cn; t0 += 4) LL_QK(4);
+            for (; t0 < cn; t0++) LL_QK(1);
+            __m512i limv = _mm512_loadu_si512((const void *)(lr + rb));
+            __m512 cm = ninf;
+            for (int64_t t = 0; t < cn; t++) {
+                __mmask16 ok = _mm512_cmpgt_epi32_mask(limv, _mm512_set1_epi32((int32_t)(c0 + t)));
+                __m512 x = _mm512_mask_blend_ps(ok, ninf, _mm512_loadu_ps(sc + t * rp + rb));
+                _mm512_storeu_ps(sc + t * rp + rb, x);
+                cm = _mm512_max_ps(cm, x);
+            }
+            __m512 old = _mm512_loadu_ps(mv + rb), now = _mm512_max_ps(old, cm);
+            __mmask16 had = _mm512_cmp_ps_mask(old, ninf, _CMP_NEQ_OQ);
+            __m512 f = _mm512_maskz_mov_ps(had, ll_exp16(_mm512_sub_ps(old, now)));
+            __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(lv + rb), f);
+            for (int64_t t = 0; t < cn; t++) {
+                __m512 x = _mm512_loadu_ps(sc + t * rp + rb);
+                __mmask16 ok = _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_OQ);
+                __m512 w = _mm512_maskz_mov_ps(ok, ll_exp16(_mm512_sub_ps(x, now)));
+                _mm512_storeu_ps(sc + t * rp + rb, w);
+                sum = _mm512_add_ps(sum, w);
+            }
+            _mm512_storeu_ps(mv + rb, now);
+            _mm512_storeu_ps(lv + rb, sum);
+            _mm512_storeu_ps(fac + rb, f);
+        }
+        for (int64_t r = 0; r < rows; r += 2) {
+            int64_t r1 = r + 1, most = 0;
+            for (int64_t x = r; x <= r1 && x < rows; x++) {
+                int64_t seen = lr[x] - c0;
+                most = seen > most ? seen : most;
+            }
+            if (most <= 0) continue;
+            if (most > cn) most = cn;
+            float *a0 = acc + r * dv, *a1 = r1 < rows ? acc + r1 * dv : junk;
+            for (int64_t x = r; x <= r1 && x < rows; x++) /* rescale to the new max */
+                if (fac[x] != 1.0f)
+                    for (int64_t j = 0; j < dv; j++) acc[x * dv + j] *= fac[x];
+            ll_pv2(sc + r, sc + r1, rp, vr, vs, most, dv, a0, a1);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        mx[r] = mv[r];
+        l[r] = lv[r];
+    }
+}
+
+/* A thread's scratch, kept between calls (grown as needed): no allocation per call. */
+static _Thread_local float *ll_tls;
+static _Thread_local int64_t ll_tls_floats;
+
+static float *ll_scratch(int64_t floats) {
+    if (floats > ll_tls_floats) {
+        free(ll_tls);
+        ll_tls = malloc(sizeof(float) * (size_t)floats);
+        ll_tls_floats = ll_tls ? floats : 0;
+    }
+    return ll_tls;
+}
+#endif
+
+/* Whether query runs take the vectorised path above (where the widths allow it). */
+int leyline_query_runs_vectorised(void) {
+#ifdef LL_RUN512
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* One task of a query run: keys [lo, hi) of one key/value head, for `rows` query rows
+   (row r = group head r / m, query r % m, fp32 [rows][d]); row r sees the keys below
+   lim[r % m] only. Fills each row's running max, sum and unnormalised weighted values. */
+static void ll_run_task(const float *q, int64_t rows, int64_t m, const int64_t *lim, int64_t d,
+                        int64_t dv, float scale, const char *k, int64_t k_tok, const char *v,
+                        int64_t v_tok, int bf16, int64_t lo, int64_t hi, float *mx, float *l,
+                        float *acc, float *staged) {
+    float s[LL_CHUNK];
+    for (int64_t r = 0; r < rows; r++) {
+        mx[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)(rows * dv));
+    int64_t es = bf16 ? 2 : 4, kb = k_tok * es, vb = v_tok * es;
+#ifdef LL_RUN512
+    if (d % 16 == 0 && dv % 16 == 0 && d <= 128 && dv <= 128) {
+        float *scratch = ll_scratch(ll_run512_scratch(rows, d, dv));
+        if (scratch) {
+            ll_run_task512(q, rows, m, lim, d, dv, scale, k, k_tok, v, v_tok, bf16, lo, hi, mx,
+                           l, acc, scratch);
+            return;
+        }
+    }
+#endif
+    int64_t chunk = LL_CHUNK;
+#if LL_AVX2
+    int direct = d % 8 == 0 && dv % 8 == 0;
+#else
+    int direct = 0;
+#endif
+    if (!direct) { /* as many widened rows as `staged` holds, a multiple of 8 */
+        chunk = LL_STAGE / (d > dv ? d : dv);
+        chunk = chunk > LL_CHUNK ? LL_CHUNK : chunk - chunk % 8;
+    }
+    for (int64_t c0 = lo; c0 < hi; c0 += chunk) {
+        int64_t cn = hi - c0 < chunk ? hi - c0 : chunk, ks = 0, vs = 0;
+        const float *krows = NULL, *vrows = NULL;
+        if (!direct) { /* the chunk's keys and values, widened once for every row */
+            krows = ll_rows(k, bf16, k_tok, d, c0, cn, staged, &ks);
+            vrows = ll_rows(v, bf16, v_tok, dv, c0, cn, staged + LL_STAGE, &vs);
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t seen = lim[r % m] - c0;
+            if (seen <= 0) continue;
+            if (seen > cn) seen = cn;
+            const float *qr = q + r * d;
+            float *a = acc + r * dv;
+#if LL_AVX2
+            if (direct) {
+                if (bf16)
+                    ll_scores8(qr, d, k + c0 * kb, kb, seen, scale, s, 1);
+                else
+                    ll_scores8(qr, d, k + c0 * kb, kb, seen, scale, s, 0);
+                ll_fold_row(&mx[r], &l[r], s, seen, dv, a);
+                if (bf16)
+                    ll_accumulate8(s, v + c0 * vb, vb, seen, dv, a, 1);
+                else
+                    ll_accumulate8(s, v + c0 * vb, vb, seen, dv, a, 0);
+                continue;
+            }
+#endif
+            ll_scores(qr, d, krows, ks, seen, scale, s);
+            ll_fold_row(&mx[r], &l[r], s, seen, dv, a);
+            ll_accumulate(s, vrows, vs, seen, dv, a);
+        }
+    }
+}
+
+/* A run of m queries over segments of keys, each segment with its own queries (a query
+   rotated for the segment, say) and its own visible prefix per query: the softmax, per
+   query, over the union of the keys it sees. s: the segment count; q: fp32
+   [s][heads][m][d], contiguous; lim: [s][m], how many of segment i's first keys query j
+   sees (0 to n[i]; every query sees one key at least); k, v, strides as for
+   leyline_single_query_segments; out: fp32 [heads][m][dv]. Returns 0, or a positive
+   code for arguments it does not take. */
+int leyline_query_run_segments(int32_t s, const float *q, int64_t heads, int64_t kv, int64_t m,
+                               const int64_t *n, const int64_t *lim, int64_t d, int64_t dv,
+                               float scale, const void *const *k, const void *const *v,
+                               const int64_t *strides, int32_t bf16, float *out,
+                               int32_t threads) {
+    if (s <= 0 || kv <= 0 || m <= 0 || heads % kv || d <= 0 || dv <= 0 || d > LL_MAX_DIM ||
+        dv > LL_MAX_DIM || threads <= 0)
+        return 1;
+    int64_t group = heads / kv, rows = group * m, total = 0;
+    for (int64_t j = 0; j < m; j++) {
+        int64_t seen = 0;
+        for (int32_t i = 0; i < s; i++) {
+            if (lim[i * m + j] < 0 || lim[i * m + j] > n[i]) return 1;
+            seen += lim[i * m + j];
+        }
+        if (seen <= 0) return 5;
+    }
+    for (int32_t i = 0; i < s; i++) {
+        if (n[i] <= 0) return 1;
+        total += n[i];
+    }
+    size_t es = bf16 ? 2 : 4;
+    int64_t per = ((int64_t)threads * 2 + kv - 1) / kv;
+    int64_t seg = (total + per - 1) / per;
+    if (seg < 256) seg = 256;
+    int64_t tasks = 0;
+    for (int32_t i = 0; i < s; i++) tasks += kv * ((n[i] + seg - 1) / seg);
+    if (tasks > LL_MAX_TASKS) return 3;
+    size_t stats = (size_t)(tasks * rows);
+    float *mx = malloc(sizeof(float) * stats * 2);
+    float *acc = malloc(sizeof(float) * stats * (size_t)dv);
+    float *staged = malloc(sizeof(float) * (size_t)threads * 2 * LL_STAGE);
+    int64_t *task_of = malloc(sizeof(int64_t) * (size_t)tasks * 3); /* segment, head, lo */
+    if (!mx || !acc || !staged || !task_of) {
+        free(mx);
+        free(acc);
+        free(staged);
+        free(task_of);
+        return 4;
+    }
+    float *l = mx + stats;
+    int64_t t = 0;
+    for (int64_t h = 0; h < kv; h++)
+        for (int32_t i = 0; i < s; i++)
+            for (int64_t lo = 0; lo < n[i]; lo += seg, t++) {
+                task_of[3 * t] = i;
+                task_of[3 * t + 1] = h;
+                task_of[3 * t + 2] = lo;
+            }
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#ifdef _OPENMP
+        float *mine = staged + (size_t)omp_get_thread_num() * 2 * LL_STAGE;
+#else
+        float *mine = staged;
+#endif
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < tasks; task++) {
+            int64_t i = task_of[3 * task], h = task_of[3 * task + 1], lo = task_of[3 * task + 2];
+            int64_t hi = lo + seg < n[i] ? lo + seg : n[i];
+            const int64_t *sd = strides + 4 * i;
+            ll_run_task(q + (i * heads + h * group) * m * d, rows, m, lim + i * m, d, dv, scale,
+                        (const char *)k[i] + h * sd[0] * es, sd[1],
+                        (const char *)v[i] + h * sd[2] * es, sd[3], bf16, lo, hi,
+                        mx + task * rows, l + task * rows, acc + task * rows * dv, mine);
+        }
+    }
+    /* tasks are ordered by head; a task that saw none of a row's keys holds max -inf */
+    int64_t first = 0;
+    for (int64_t h = 0; h < kv; h++) {
+        int64_t last = first;
+        while (last < tasks && task_of[3 * last + 1] == h) last++;
+        for (int64_t r = 0; r < rows; r++) {
+            float top = -INFINITY, sum = 0.0f;
+            for (int64_t p = first; p < last; p++)
+                top = mx[p * rows + r] > top ? mx[p * rows + r] : top;
+            float *o = out + (h * rows + r) * dv; /* [heads][m] order: head h*group + r/m */
+            for (int64_t j = 0; j < dv; j++) o[j] = 0.0f;
+            for (int64_t p = first; p < last; p++) {
+                if (mx[p * rows + r] == -INFINITY) continue;
+                float f = ll_exp(mx[p * rows + r] - top);
+                const float *a = acc + (p * rows + r) * dv;
+                sum += l[p * rows + r] * f;
+                for (int64_t j = 0; j < dv; j++) o[j] += a[j] * f;
+            }
+            float inv = 1.0f / sum;
+            for (int64_t j = 0; j < dv; j++) o[j] *= inv;
+        }
+        first = last;
+    }
+    free(mx);
+    free(acc);
+    free(staged);
+    free(task_of);
+    return 0;
+}
 """
 
 
@@ -440,16 +796,29 @@ def eligible(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> boo
     ``value [1, kv, n, dv]``: CPU, all fp32 or all bf16, heads a multiple of kv heads (at
     most :data:`MAX_GROUP` per kv head), widths up to :data:`MAX_DIM`, K and V with a
     contiguous last dim."""
+    return query.dim() == 4 and query.shape[2] == 1 and _takes(query, key, value, MAX_GROUP)
+
+
+def run_eligible(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether :meth:`AttentionKernel.attend_runs` takes a run ``query [1, heads, m, d]``
+    over ``key``/``value`` as :func:`eligible` says, with ``m`` queries times the query
+    heads per kv head at most :data:`MAX_RUN_ROWS`."""
+    if query.dim() != 4 or query.shape[2] < 1 or key.dim() != 4 or key.shape[1] == 0:
+        return False
+    rows = query.shape[2] * (query.shape[1] // key.shape[1])
+    return rows <= MAX_RUN_ROWS and _takes(query, key, value, MAX_RUN_ROWS)
+
+
+def _takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: int) -> bool:
     return (
         query.dim() == 4
         and key.dim() == 4
         and value.dim() == 4
         and query.shape[0] == key.shape[0] == value.shape[0] == 1
-        and query.shape[2] == 1
         and key.shape[2] == value.shape[2] > 0
         and key.shape[1] == value.shape[1] > 0
         and query.shape[1] % key.shape[1] == 0
-        and query.shape[1] // key.shape[1] <= MAX_GROUP
+        and query.shape[1] // key.shape[1] <= group
         and query.shape[3] == key.shape[3]
         and 0 < key.shape[3] <= MAX_DIM
         and 0 < value.shape[3] <= MAX_DIM
@@ -476,6 +845,15 @@ class AttentionKernel:
         fn.argtypes += [ptr, ptr, ptr, ctypes.c_int32, ptr, ptr, ctypes.c_int32]
         fn.restype = ctypes.c_int32
         self._fn = fn
+        runs = lib.leyline_query_run_segments
+        runs.argtypes = [ctypes.c_int32, ptr, i64, i64, i64, ptr, ptr, i64, i64, ctypes.c_float]
+        runs.argtypes += [ptr, ptr, ptr, ctypes.c_int32, ptr, ctypes.c_int32]
+        runs.restype = ctypes.c_int32
+        self._runs = runs
+        self.runs_vectorised = bool(lib.leyline_query_runs_vectorised())
+        """Query runs of widths that are multiples of 16 (up to 128) run on AVX-512 code:
+        1.4-2.1x torch's flash kernel for 16 queries here. Elsewhere (portable, AVX2 row by
+        row) they measured slower than it, so :meth:`takes_run` says no."""
 
     def attend(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None
@@ -544,6 +922,70 @@ class AttentionKernel:
             raise ValueError(f"attention kernel refused its arguments (rc={rc})")
         out4 = out.reshape(1, heads, 1, dv)
         return out4, None if lse is None else lse.reshape(1, heads, 1)
+
+    def takes_run(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+        """Whether a run of queries is worth sending here rather than to torch's flash
+        kernel: :func:`run_eligible`, on the vectorised path, at least two queries."""
+        d, dv = query.shape[-1], value.shape[-1]
+        return (
+            self.runs_vectorised
+            and query.dim() == 4
+            and query.shape[2] >= 2
+            and d % 16 == 0
+            and dv % 16 == 0
+            and d <= 128
+            and dv <= 128
+            and run_eligible(query, key, value)
+        )
+
+    def attend_runs(
+        self,
+        segments: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, Sequence[int]]],
+        scale: float | None,
+    ) -> torch.Tensor:
+        """A run of ``m`` queries over several key segments, each ``(query [1, heads, m, d],
+        key, value, seen)`` with its own query and ``seen[j]``, how many of the segment's
+        first keys query ``j`` sees (0 to its length): per query, the softmax over the union
+        of what it sees, in one call; fp32 ``[1, heads, m, dv]``. A causal run of queries at
+        the last ``m`` positions of a cache of ``n`` sees ``n - m + 1 + j``. Every segment
+        must be :func:`run_eligible`, all alike, and every query must see a key."""
+        first_q, first_k, first_v, _ = segments[0]
+        heads, m, d = first_q.shape[1], first_q.shape[2], first_q.shape[3]
+        kv_heads, dv, dtype = first_k.shape[1], first_v.shape[3], first_k.dtype
+        for q, k, v, seen in segments:
+            if not run_eligible(q, k, v) or (q.shape[1:3], k.shape[1], v.shape[3], k.dtype) != (
+                (heads, m), kv_heads, dv, dtype
+            ):  # fmt: skip
+                raise ValueError("tensors not eligible for the attention kernel")
+            if len(seen) != m or not all(0 <= x <= k.shape[2] for x in seen):
+                raise ValueError(f"seen: {m} counts within the segment's {k.shape[2]} keys")
+        if any(sum(c) == 0 for c in zip(*(seg[3] for seg in segments), strict=True)):
+            raise ValueError("every query of a run must see at least one key")
+        count = len(segments)
+        qs = torch.stack([q[0] for q, _, _, _ in segments]).to(torch.float32).contiguous()
+        lengths = (ctypes.c_int64 * count)(*(k.shape[2] for _, k, _, _ in segments))
+        seen_all = (ctypes.c_int64 * (count * m))(*(x for seg in segments for x in seg[3]))
+        keys = (ctypes.c_void_p * count)(*(k.data_ptr() for _, k, _, _ in segments))
+        values = (ctypes.c_void_p * count)(*(v.data_ptr() for _, _, v, _ in segments))
+        strides = (ctypes.c_int64 * (4 * count))(
+            *(
+                x
+                for _, k, v, _ in segments
+                for x in (k.stride(1), k.stride(2), v.stride(1), v.stride(2))
+            )
+        )
+        out = torch.empty(heads, m, dv, dtype=torch.float32)
+        # compute-bound where a lone query is bandwidth-bound: threads by multiply-adds
+        work = sum(lengths) * heads * m * (d + dv)
+        threads = max(1, min(torch.get_num_threads(), work // _MIN_RUN_WORK_PER_THREAD))
+        rc = self._runs(
+            count, qs.data_ptr(), heads, kv_heads, m, lengths, seen_all, d, dv,
+            d**-0.5 if scale is None else scale, keys, values, strides,
+            int(dtype == torch.bfloat16), out.data_ptr(), threads if self.threaded else 1,
+        )  # fmt: skip
+        if rc != 0:
+            raise ValueError(f"attention kernel refused its arguments (rc={rc})")
+        return out.unsqueeze(0)
 
 
 def _flags(openmp: bool) -> list[str]:

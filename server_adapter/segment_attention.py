@@ -15,7 +15,9 @@ the log-sum-exp-weighted mix of the parts' softmaxes):
 
 A lone query (the last token run again) takes every segment in one call of the
 single-query kernel (``AttentionKernel.attend_segments``), which merges them as it merges
-its own key chunks; other runs attend segment by segment and merge here.
+its own key chunks; a run of several (the replacement) takes them in one call of its
+causal runs (``AttentionKernel.attend_runs``) where the kernel takes it; otherwise the
+segments are attended one by one and merged here.
 
 The model's attention function (``attention.grouped_sdpa_forward``) takes this path when the
 forward passes a :class:`SegmentPlan` under :data:`SEGMENTS_KWARG`; the cache layer hands it
@@ -110,6 +112,18 @@ def segmented_attention(
         ):  # a lone query (the last token): every segment in one kernel call
             out, _ = kernel.attend_segments(segments, scale)
             outs.append(out.to(query.dtype))
+            continue
+        run_keys = sum(seg[1].shape[2] for seg in segments)
+        if (
+            run_keys >= attention_kernel.RUN_MIN_KEYS
+            and kernel is not None
+            and all(kernel.takes_run(*seg) for seg in segments)
+        ):
+            m = run.end - run.first  # kept segments whole, the side entries causally
+            seen = [[seg[1].shape[2]] * m for seg in segments[:-1]]
+            seen.append([n - m + 1 + j for j in range(m)])
+            with_seen = [(*seg, c) for seg, c in zip(segments, seen, strict=True)]
+            outs.append(kernel.attend_runs(with_seen, scale).to(query.dtype))
             continue
         mask = None
         if run.end - run.first > 1 and side_mask is not None:
