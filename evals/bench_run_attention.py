@@ -93,9 +93,19 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--contexts", type=int, nargs="+", default=[300, 1040, 2064, 4096])
-    parser.add_argument("--queries", type=int, nargs="+", default=[4, 16, 64])
-    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["float32"])
+    parser.add_argument(
+        "--contexts",
+        type=int,
+        nargs="+",
+        default=[300, 1040, 2064, 4096],
+        help="keys the run's last query sees",
+    )
+    parser.add_argument(
+        "--queries", type=int, nargs="+", default=[4, 16, 64], help="queries in the run"
+    )
+    parser.add_argument(
+        "--dtypes", nargs="+", choices=sorted(DTYPES), default=["float32"], help="cache dtypes"
+    )
     parser.add_argument("--runs", type=int, default=100, help="calls per arm (medians)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--quick", action="store_true", help="smoke run: one shape, 10 calls")

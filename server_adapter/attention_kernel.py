@@ -1,4 +1,5 @@
-"""A CPU kernel for one query's attention over a long KV cache, fp32 or bf16.
+"""A CPU kernel for one query's attention over a long KV cache, fp32 or bf16 (and for a
+short run of queries).
 
 A decode step, a batched decode row and a splice's last token each attend with one query
 per head over every cached key and value: the work is one read of K and V, so it should
@@ -16,6 +17,16 @@ are intrinsics: eight keys' scores at a time with one transposing reduction (a l
 64 columns held in registers over a chunk of keys, bf16 widened in registers, exp on eight
 lanes: 2.2x (bf16) and 2.8x (fp32) faster at 4k keys than the portable C, vectorised by the
 compiler, that other widths and other CPUs run (``evals/bench_decode_attention.py``).
+
+The same library runs a run of several queries at consecutive positions (a splice's
+replacement: each sees the prefix and the run up to itself) over segments of keys, each
+with its own queries and per-query limits (``AttentionKernel.attend_runs``). That work is
+compute-bound (16 queries x 3 grouped heads read every key), so on AVX-512 the run's rows
+go across the vector lanes instead: queries transposed once per task, each key's entries
+broadcast against them (no lane reductions, no transposed keys), the online softmax 16
+rows at a time with the causal limits as lane masks, two rows' weighted values per value
+load. Other CPUs get a row-by-row path, correct but slower than torch's flash kernel, so
+``AttentionKernel.takes_run`` leaves their runs to it.
 
 Built and loaded by ``kernel_build`` (``LEYLINE_ATTENTION_KERNEL=0`` turns it off; without
 a compiler :func:`load` returns None and ``decode_attention`` keeps torch's kernels).
