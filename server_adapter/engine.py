@@ -79,10 +79,11 @@ class Engine:
             self.splice_refusal = exc
         self.can_edit_in_place = in_place_layout(self.layout, self.rope, grouped)
         """The model can take in-place edits (GQA keys on the engine's attention)."""
-        self.edits_in_place = self.can_edit_in_place and os.environ.get(IN_PLACE_SWITCH) == "1"
+        self.edits_in_place = self.can_edit_in_place and os.environ.get(IN_PLACE_SWITCH) != "0"
         """A session that owns its KV edits it inside its own buffers (``in_place_edit``):
-        no second KV during a splice, at 0-20% more latency on this CPU (docs/perf.md), so
-        off unless ``LEYLINE_IN_PLACE_EDITS=1`` or set True where memory matters more."""
+        no second KV during a splice, at the copy path's latency (0.97-1.05x on this CPU,
+        docs/perf.md). On by default; ``LEYLINE_IN_PLACE_EDITS=0`` (or False here) keeps
+        every edit on the copy path."""
 
     @classmethod
     def load(

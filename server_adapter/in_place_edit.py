@@ -12,16 +12,19 @@ edit them where they are, in two phases:
    counter-rotated (``segment_attention``). A failure here (out of memory, a bad token)
    leaves the session bitwise as it was, as the copy path does.
 2. **Move.** The kept runs that moved are shifted to their new positions, keys rotated by
-   their delta on the way (``rope.rotate_many_into``), values moved as they are; then the
-   side entries are written at their positions. Nothing here allocates more than a small
-   bounce buffer or depends on the input, so nothing fails short of a bug.
+   their delta on the way, values moved as they are; then the side entries are written at
+   their positions. Nothing here allocates more than a small bounce buffer or depends on
+   the input, so nothing fails short of a bug.
 
-The prefix before the first change is never touched. A run moving left is shifted in
-pieces taken left to right, each at most ``|delta|`` long so that no piece's source meets
-its destination (a run moving right: right to left); a small ``|delta|`` would make many
-pieces, so those go through a bounce buffer of :data:`BOUNCE` positions instead. Runs
-moving left go left to right and runs moving right right to left, so no run overwrites
-another's source before it is read.
+The prefix before the first change is never touched. The rope kernel moves a run in one
+call (``rope.move_rotated``, ``rope.move_rows``): each (layer, head) band row by row, in
+the order that reads every row before it is overwritten, with ``rotate_many_into``'s
+arithmetic, so the keys are bitwise the copy path's. Without the kernel (or for views it
+refuses), a run moving left is shifted in pieces taken left to right, each at most
+``|delta|`` long so that no piece's source meets its destination (a run moving right:
+right to left); a small ``|delta|`` would make many pieces, so those go through a bounce
+buffer of :data:`BOUNCE` positions instead. Runs moving left go left to right and runs
+moving right right to left, so no run overwrites another's source before it is read.
 
 :func:`in_place_layout` says whether a model can take this path at all (grouped-query keys
 with a rotary band, the engine's attention function); :func:`edit_in_place` returns None for
@@ -46,7 +49,7 @@ from leyline.protocol.algebra import EditResult, Run
 from .forward import DEFAULT_PREFILL_CHUNK, KVBuffers, causal_mask_at, query_runs
 from .kv_blocks import KVCache
 from .layouts import CacheLayout
-from .rope import RopeSpec, delta_rotate, rotate_many_into
+from .rope import RopeSpec, delta_rotate, move_rotated, move_rows, rotate_many_into
 from .segment_attention import SEGMENTS_KWARG, KeptSegment, SegmentPlan, SegmentRun
 from .yield_points import chunk_boundary
 
@@ -251,10 +254,21 @@ def _pieces(run: Run, size: int) -> list[tuple[int, int]]:
     return out if run.delta < 0 else out[::-1]
 
 
+def _run_views(kv: KVCache, run: Run, slot: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(destination, source)`` views of the run in every layer's ``slot`` buffer."""
+    assert run.old_start is not None
+    src0, dst0, n = run.old_start, run.new_start, len(run)
+    buffers = [layer[slot] for layer in kv]
+    return [(t[:, :, dst0 : dst0 + n], t[:, :, src0 : src0 + n]) for t in buffers]
+
+
 def _move_keys(kv: KVCache, run: Run, layout: CacheLayout, rope: RopeSpec) -> None:
     assert run.old_start is not None
     slot, d = layout.slot, run.delta
     src0, dst0 = run.old_start, run.new_start
+    views = _run_views(kv, run, slot)
+    if move_rotated(views, d, rope.inv_freq, layout.pairing, offset=layout.offset):
+        return  # one sweep per head in the kernel, in the order the overlap allows
     if abs(d) >= MIN_DIRECT:
         for a, n in _pieces(run, abs(d)):
             pairs = [
@@ -277,9 +291,14 @@ def _move_keys(kv: KVCache, run: Run, layout: CacheLayout, rope: RopeSpec) -> No
 
 
 def _move_values(kv: KVCache, run: Run, key_slot: int) -> None:
-    """Every slot but the keys, moved bitwise: one ``memmove`` per head (a head's positions
-    are contiguous in the buffer, and ``memmove`` takes overlapping ranges)."""
+    """Every slot but the keys, moved bitwise: by the kernel's row move, else one
+    ``memmove`` per head (a head's positions are contiguous in the buffer, and ``memmove``
+    takes overlapping ranges)."""
     assert run.old_start is not None
+    slots = [s for s in range(len(kv[0])) if s != key_slot]
+    views = [view for s in slots for view in _run_views(kv, run, s)]
+    if move_rows(views):
+        return  # the kernel's bitwise row move, its threads over heads
     for layer in kv:
         for s, t in enumerate(layer):
             if s == key_slot:

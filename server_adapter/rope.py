@@ -366,6 +366,95 @@ def rotate_many_into(
     _rotate_many(pairs, delta, inv_freq, pairing, offset, fused=True, disjoint=disjoint)
 
 
+def move_rotated(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    delta: int,
+    inv_freq: torch.Tensor,
+    pairing: Pairing,
+    *,
+    offset: int = 0,
+) -> bool:
+    """Move rows inside their buffers in one kernel call: for each ``(dst, src)``, two views
+    of one buffer shifted along their position dim (``dst`` may overlap ``src``), ``dst`` gets
+    :func:`rotate_into`'s result for ``src``, bitwise, rows taken in the order that reads
+    each before it is overwritten. Pairs must lie in distinct storages. Returns False,
+    having written nothing, when the kernel cannot take every pair (no kernel, an ineligible
+    view, a rounding order it cannot reproduce, ``delta == 0``): the caller moves them
+    another way (pieces that do not overlap, ``in_place_edit``)."""
+    kernel = rope_kernel.load()
+    bands = _move_bands(pairs) if kernel is not None and delta != 0 else None
+    if bands is None:
+        return False
+    assert kernel is not None
+    width, dim = 2 * int(inv_freq.numel()), pairs[0][1].shape[-1]
+    if offset < 0 or offset + width > dim:
+        raise ValueError(f"rotary band [{offset}, {offset + width}) outside dim {dim}")
+    probe = pairs[0][1][..., offset : offset + width]
+    formula = _kernel_formula(probe, probe, pairing)
+    fused = None if formula is None else _kernel_mode(formula, width // 2)
+    if fused is None:
+        return False
+    cos, sin = _cached_cos_sin(inv_freq, delta)
+    _run_move(kernel, bands, pairs, cos, sin, offset, pairing, fused)
+    return True
+
+
+def move_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """:func:`move_rotated` without a rotation: every row moved bitwise (values)."""
+    kernel = rope_kernel.load()
+    bands = _move_bands(pairs) if kernel is not None else None
+    if bands is None:
+        return False
+    assert kernel is not None
+    _run_move(kernel, bands, pairs, None, None, 0, "half", False)
+    return True
+
+
+def _move_bands(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+) -> list[rope_kernel.Band] | None:
+    """The kernel's descriptions of the pairs, or None unless it takes every one: one dtype
+    and row width, a storage each."""
+    if not pairs:
+        return None
+    dim, dtype = pairs[0][1].shape[-1], pairs[0][1].dtype
+    if len({src.untyped_storage().data_ptr() for _, src in pairs}) != len(pairs):
+        return None
+    bands: list[rope_kernel.Band] = []
+    for dst, src in pairs:
+        band = rope_kernel.describe_move(dst, src)
+        if band is None or src.shape[-1] != dim or src.dtype != dtype:
+            return None
+        bands.append(band)
+    return bands
+
+
+def _run_move(
+    kernel: rope_kernel.RopeKernel,
+    bands: list[rope_kernel.Band],
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    offset: int,
+    pairing: Pairing,
+    fused: bool,
+) -> None:
+    src = pairs[0][1]
+    nbytes = sum(s.numel() * s.element_size() for _, s in pairs)
+    for a in range(0, len(bands), rope_kernel.MAX_BANDS):
+        kernel.move(
+            bands[a : a + rope_kernel.MAX_BANDS],
+            cos,
+            sin,
+            dim=src.shape[-1],
+            offset=offset,
+            bf16=src.dtype == torch.bfloat16,
+            interleaved=pairing == "interleaved",
+            fused=fused,
+            nbytes=nbytes,
+        )
+
+
 def rotate_into_eager(
     dst: torch.Tensor,
     src: torch.Tensor,

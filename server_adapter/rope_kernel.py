@@ -13,6 +13,12 @@ OpenMP threads, on torch's own warm thread pool. Without a compiler, on a failed
 with ``LEYLINE_ROPE_KERNEL=0``, :func:`load` returns None and ``rope`` keeps its eager path;
 :func:`status` says why.
 
+A second entry, the **move** (:meth:`RopeKernel.move`, :func:`describe_move`), shifts rows
+inside one buffer, source and destination overlapping (an in-place edit's kept runs): each
+outer slice (a layer's head) is swept row by row in the order that reads every row before
+it is overwritten, its rotary band rotated as above and the rest of the row copied, or the
+whole row copied bitwise (values). Threads take whole slices.
+
 Both arithmetic orders the eager path can take are available (``fused``): ``x1·c`` rounded
 then one fused multiply-add for the cross term (what ``torch.addcmul`` does on AVX2/NEON), or
 every product rounded (torch's complex multiply). ``rope`` picks, per pairing and width,
@@ -30,7 +36,7 @@ import torch
 from . import kernel_build
 from .kernel_build import KernelStatus
 
-__all__ = ["KernelStatus", "RopeKernel", "describe", "load", "status"]
+__all__ = ["KernelStatus", "RopeKernel", "describe", "describe_move", "load", "status"]
 
 MAX_HALF = 512
 """Widest band the kernel takes: 1024 dims (rows are staged on the stack in bf16)."""
@@ -279,6 +285,120 @@ int leyline_rope_rotate(const int64_t *desc, int64_t nbands, const float *cos,
     }
     return 0;
 }
+
+/* Moves inside one buffer. A band here is whole rows of `dim` elements; for each outer slice
+   (i0, i1) its rows are taken one by one in the order that never overwrites a row not yet
+   read (ascending where dst lies below src, descending otherwise), the rotary band
+   [off, off + 2h) of each rotated and the rest copied bitwise (rotate == 0: the whole row
+   copied). Distinct rows never overlap, so a row is read and written directly. Slices are
+   independent (the caller vouches that no slice's dst meets another slice's src), so the
+   threads take whole slices. */
+#define LL_DEFINE_MOVE(PAIR, ORDER, T)                                                       \
+    static void ll_move_##PAIR##_##ORDER##_##T(const ll_task *t, const ll_band *b,          \
+                                               int64_t slice, int32_t dim, int32_t off) {   \
+        const int64_t n1 = b->size[1], n2 = b->size[2];                                     \
+        const int64_t i0 = slice / n1, i1 = slice % n1;                                     \
+        const ll_##T *src = (const ll_##T *)b->src + i0 * b->src_stride[0] +                \
+                            i1 * b->src_stride[1];                                          \
+        ll_##T *dst = (ll_##T *)b->dst + i0 * b->dst_stride[0] + i1 * b->dst_stride[1];     \
+        const int64_t ss = b->src_stride[2], ds = b->dst_stride[2];                         \
+        const int ascending = (uintptr_t)b->dst < (uintptr_t)b->src;                        \
+        const float *c = t->cos, *s = t->sin;                                               \
+        const int32_t h = t->half, stop = off + 2 * h;                                      \
+        for (int64_t k = 0; k < n2; k++) {                                                  \
+            const int64_t i2 = ascending ? k : n2 - 1 - k;                                  \
+            const ll_##T *x = src + i2 * ss;                                                \
+            ll_##T *y = dst + i2 * ds;                                                      \
+            if (off > 0) memcpy(y, x, (size_t)off * sizeof(ll_##T));                        \
+            if (stop < dim) memcpy(y + stop, x + stop, (size_t)(dim - stop) * sizeof(ll_##T)); \
+            if (h == 32)                                                                    \
+                ll_row_##PAIR##_##ORDER##_##T(x + off, y + off, c, s, 32);                  \
+            else if (h == 64)                                                               \
+                ll_row_##PAIR##_##ORDER##_##T(x + off, y + off, c, s, 64);                  \
+            else                                                                            \
+                ll_row_##PAIR##_##ORDER##_##T(x + off, y + off, c, s, h);                   \
+        }                                                                                   \
+    }
+
+typedef void (*ll_move_fn)(const ll_task *t, const ll_band *b, int64_t slice, int32_t dim,
+                           int32_t off);
+
+LL_DEFINE_MOVE(half, fused, f32)
+LL_DEFINE_MOVE(half, plain, f32)
+LL_DEFINE_MOVE(inter, fused, f32)
+LL_DEFINE_MOVE(inter, plain, f32)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC target("prefer-vector-width=512")
+#endif
+LL_DEFINE_MOVE(half, fused, bf16)
+LL_DEFINE_MOVE(half, plain, bf16)
+LL_DEFINE_MOVE(inter, fused, bf16)
+LL_DEFINE_MOVE(inter, plain, bf16)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+static void ll_move_copy(const ll_band *b, int64_t slice, int64_t row_bytes, int64_t elem) {
+    const int64_t n1 = b->size[1], n2 = b->size[2];
+    const int64_t i0 = slice / n1, i1 = slice % n1;
+    const char *src = (const char *)b->src + (i0 * b->src_stride[0] + i1 * b->src_stride[1]) * elem;
+    char *dst = (char *)b->dst + (i0 * b->dst_stride[0] + i1 * b->dst_stride[1]) * elem;
+    const int64_t ss = b->src_stride[2] * elem, ds = b->dst_stride[2] * elem;
+    const int ascending = (uintptr_t)b->dst < (uintptr_t)b->src;
+    for (int64_t k = 0; k < n2; k++) {
+        const int64_t i2 = ascending ? k : n2 - 1 - k;
+        memcpy(dst + i2 * ds, src + i2 * ss, (size_t)row_bytes);
+    }
+}
+
+/* Every band's rows moved (see above) over `threads` threads; rotate == 0 copies them
+   bitwise (cos, sin and half unused). Returns 0, or -1 on bad arguments (nothing written). */
+int leyline_rope_move(const int64_t *desc, int64_t nbands, const float *cos, const float *sin,
+                      int32_t half, int32_t dim, int32_t off, int32_t bf16,
+                      int32_t interleaved, int32_t fused, int32_t rotate, int32_t threads) {
+    enum { LL_MAX_BANDS = 256 };
+    ll_band bands[LL_MAX_BANDS];
+    int64_t first[LL_MAX_BANDS + 1];
+    if (nbands < 0 || nbands > LL_MAX_BANDS || dim <= 0 || off < 0) return -1;
+    if (rotate && (half <= 0 || half > LL_MAX_HALF || off + 2 * (int64_t)half > dim)) return -1;
+    first[0] = 0;
+    for (int64_t k = 0; k < nbands; k++) {
+        const int64_t *d = desc + k * LL_DESC;
+        bands[k].src = (const void *)(intptr_t)d[0];
+        bands[k].dst = (void *)(intptr_t)d[1];
+        for (int j = 0; j < 3; j++) {
+            bands[k].size[j] = d[2 + j];
+            bands[k].src_stride[j] = d[5 + j];
+            bands[k].dst_stride[j] = d[8 + j];
+            if (d[2 + j] <= 0) return -1;
+        }
+        first[k + 1] = first[k] + bands[k].size[0] * bands[k].size[1];
+    }
+    const int64_t slices = first[nbands];
+    if (slices == 0) return 0;
+    static const ll_move_fn table[2][2][2] = {
+        {{ll_move_half_plain_f32, ll_move_half_fused_f32},
+         {ll_move_inter_plain_f32, ll_move_inter_fused_f32}},
+        {{ll_move_half_plain_bf16, ll_move_half_fused_bf16},
+         {ll_move_inter_plain_bf16, ll_move_inter_fused_bf16}}};
+    ll_move_fn move = table[bf16 != 0][interleaved != 0][fused != 0];
+    const int64_t elem = bf16 ? 2 : 4;
+    ll_task t = {bands, nbands, cos, sin, half, 0, 0, 0};
+    if (threads < 1) threads = 1;
+    if (threads > LL_MAX_THREADS) threads = LL_MAX_THREADS;
+    if (threads > slices) threads = (int32_t)slices;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (int64_t u = 0; u < slices; u++) {
+        int64_t k = 0;
+        while (first[k + 1] <= u) k++;
+        if (rotate)
+            move(&t, &bands[k], u - first[k], dim, off);
+        else
+            ll_move_copy(&bands[k], u - first[k], (int64_t)dim * elem, elem);
+    }
+    return 0;
+}
 """
 
 
@@ -307,6 +427,16 @@ class RopeKernel:
         ]
         fn.restype = ctypes.c_int32
         self._fn = fn
+        move = lib.leyline_rope_move
+        move.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            *(ctypes.c_int32,) * 8,
+        ]
+        move.restype = ctypes.c_int32
+        self._move = move
 
     def run(
         self,
@@ -343,6 +473,54 @@ class RopeKernel:
             int(bf16),
             int(interleaved),
             int(fused),
+            threads,
+        )
+        if rc != 0:
+            raise ValueError(f"rope kernel refused its arguments (rc={rc})")
+
+    def move(
+        self,
+        bands: Sequence[Band],
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        *,
+        dim: int,
+        offset: int,
+        bf16: bool,
+        interleaved: bool = False,
+        fused: bool = False,
+        nbytes: int,
+    ) -> None:
+        """Move every band's rows (from :func:`describe_move`; all of one dtype and row
+        width ``dim``) inside their buffers in one call, over up to
+        ``torch.get_num_threads()`` threads: the band ``[offset, offset + 2·len(cos))`` of
+        each row rotated, the rest copied bitwise; ``cos`` None moves the rows bitwise."""
+        if not bands:
+            return
+        if len(bands) > MAX_BANDS:
+            raise ValueError(f"at most {MAX_BANDS} bands per call")
+        half = 0
+        if cos is not None:
+            half = cos.numel()
+            for t in (cos, sin):
+                if t is None or t.dtype != torch.float32 or not t.is_contiguous():
+                    raise ValueError("cos/sin must be contiguous fp32, one value per pair")
+                if t.numel() != half or t.device.type != "cpu":
+                    raise ValueError("cos/sin must be CPU tensors, one value per pair")
+        desc = (ctypes.c_int64 * (11 * len(bands)))(*(v for band in bands for v in band))
+        threads = max(1, min(torch.get_num_threads(), nbytes // _MIN_BYTES_PER_THREAD))
+        rc = self._move(
+            desc,
+            len(bands),
+            0 if cos is None else cos.data_ptr(),
+            0 if sin is None else sin.data_ptr(),
+            half,
+            dim,
+            offset,
+            int(bf16),
+            int(interleaved),
+            int(fused),
+            int(cos is not None),
             threads,
         )
         if rc != 0:
@@ -428,6 +606,45 @@ def describe(dst: torch.Tensor, src: torch.Tensor, *, disjoint: bool = False) ->
         return None
     outer = _outer(shape, s_st, d_st)
     if outer is None:
+        return None
+    return (src.data_ptr(), dst.data_ptr(), *outer)
+
+
+def describe_move(dst: torch.Tensor, src: torch.Tensor) -> Band | None:
+    """The kernel's description of moving ``src``'s rows to ``dst``'s inside one buffer
+    (:meth:`RopeKernel.move`), or None when the kernel cannot: two views of one CPU storage
+    (fp32 or bf16) with the same shape and strides, whole rows (unit stride on the last dim),
+    at most 3 row dims once merged, ``dst`` shifted from ``src`` by a whole number of rows
+    along the innermost row dim, and every outer slice's reach (its rows at both places)
+    clear of the next slice's, so threads can take slices apart."""
+    shape, strides = src.shape, src.stride()
+    if (
+        not src.is_cpu
+        or src.dtype not in (torch.float32, torch.bfloat16)
+        or dst.dtype != src.dtype
+        or dst.shape != shape
+        or dst.stride() != strides
+        or len(shape) < 2
+        or src.numel() == 0
+        or strides[-1] != 1
+        or any(st <= 0 for st in strides)
+        or src.untyped_storage().data_ptr() != dst.untyped_storage().data_ptr()
+    ):
+        return None
+    outer = _outer(shape, strides, strides)
+    if outer is None:
+        return None
+    sizes, st = outer[0:3], outer[3:6]
+    shift, rem = divmod(dst.data_ptr() - src.data_ptr(), src.element_size())
+    if sizes[2] == 1:  # one row: apart if the shift clears it
+        if rem or abs(shift) < shape[-1]:
+            return None
+    elif rem or shift == 0 or shift % st[2] or st[2] < shape[-1]:
+        return None
+    reach = (sizes[2] - 1) * st[2] + shape[-1] + abs(shift)
+    if sizes[1] > 1 and reach > st[1]:
+        return None
+    if sizes[0] > 1 and (sizes[1] - 1) * st[1] + reach > st[0]:
         return None
     return (src.data_ptr(), dst.data_ptr(), *outer)
 

@@ -88,12 +88,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
-def in_place_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The same server with in-place edits on (``LEYLINE_IN_PLACE_EDITS=1``: splices move
-    the session's own KV, docs/engine.md)."""
-    log = tmp_path_factory.mktemp("server-in-place") / "serve.log"
+def copy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The same server with in-place edits off (``LEYLINE_IN_PLACE_EDITS=0``: every splice
+    builds a new KV, the path of forks and MLA models, docs/engine.md)."""
+    log = tmp_path_factory.mktemp("server-copy") / "serve.log"
     options = ["--max-new-tokens", "8", "--max-directives", str(MAX_DIRECTIVES)]
     options += ["--max-body-bytes", str(MAX_BODY), "--max-sessions", "48"]
-    env = {"LEYLINE_IN_PLACE_EDITS": "1"}
+    env = {"LEYLINE_IN_PLACE_EDITS": "0"}
     with serve(log, *options, "--log-level", "warning", env=env) as running:
         yield running

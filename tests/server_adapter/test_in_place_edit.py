@@ -15,8 +15,8 @@ from transformers import DynamicCache
 
 from leyline.protocol.algebra import Edit, apply_edits
 from leyline.protocol.directives import Mode
-from leyline.server_adapter import in_place_edit
-from leyline.server_adapter.engine import Engine
+from leyline.server_adapter import in_place_edit, rope_kernel
+from leyline.server_adapter.engine import IN_PLACE_SWITCH, Engine
 from leyline.server_adapter.forward import prefill_at
 from leyline.server_adapter.in_place_edit import capacity, segment_runs
 from leyline.server_adapter.kv_blocks import KVCache
@@ -45,9 +45,9 @@ def _kv_diff(a: KVCache, b: KVCache) -> float:
 @pytest.fixture
 def engine(llama_engine: Engine) -> Iterator[Engine]:
     assert llama_engine.can_edit_in_place  # a GQA model on the engine's attention
-    llama_engine.edits_in_place = True  # off by default (docs/perf.md): on for these tests
+    was, llama_engine.edits_in_place = llama_engine.edits_in_place, True
     yield llama_engine
-    llama_engine.edits_in_place = False
+    llama_engine.edits_in_place = was
 
 
 def _session(engine: Engine, n: int = N, seed: int = 1) -> SessionCache:
@@ -78,9 +78,9 @@ def _stub(n: int, seed: int) -> tuple[int, ...]:
 
 
 EDITS = {
-    # |delta| >= MIN_DIRECT: moved piece by piece inside the buffer
+    # without the move kernel: |delta| >= MIN_DIRECT, moved piece by piece inside the buffer
     "splice_long_span": [Edit(600, 700, _stub(16, 5), Mode.amortize)],
-    # |delta| < MIN_DIRECT: moved through the bounce buffer
+    # without the move kernel: |delta| < MIN_DIRECT, moved through the bounce buffer
     "splice_small_delta": [Edit(300, 303, _stub(1, 6), Mode.amortize)],
     "delete_only": [Edit(600, 700, (), Mode.amortize)],
     "two_edits": [
@@ -92,9 +92,30 @@ EDITS = {
 }
 
 
+@pytest.fixture(params=["kernel", "pieces"])
+def move_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The kept runs moved by the rope kernel's sweep (every call taken by it), or, as
+    without the kernel, in pieces that never overlap; both must give the copy path's keys
+    bitwise."""
+    taken: list[bool] = []
+    for name in ("move_rotated", "move_rows"):
+        real = getattr(in_place_edit, name)
+        if request.param == "pieces":
+            monkeypatch.setattr(in_place_edit, name, lambda *a, **k: False)
+        else:
+            monkeypatch.setattr(
+                in_place_edit, name, lambda *a, f=real, **k: taken.append(f(*a, **k)) or taken[-1]
+            )
+    yield str(request.param)
+    if request.param == "kernel" and rope_kernel.status().available:
+        assert all(taken), "the kernel refused a move"
+
+
 @pytest.mark.parametrize("name", sorted(EDITS))
 @pytest.mark.parametrize("want_logits", [True, False])
-def test_in_place_matches_the_copy_path(engine: Engine, name: str, want_logits: bool) -> None:
+def test_in_place_matches_the_copy_path(
+    engine: Engine, name: str, want_logits: bool, move_path: str
+) -> None:
     base = _session(engine)
     moved, copied = _both_paths(engine, base, EDITS[name], want_logits=want_logits)
     assert moved.tokens == copied.tokens
@@ -319,11 +340,21 @@ def test_capacity_reads_the_buffer_behind_a_view() -> None:
     assert capacity(torch.empty(1, 1, 30, 8)[:, :, :10]) == 30
 
 
+def test_in_place_is_on_by_default_and_the_switch_turns_it_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(IN_PLACE_SWITCH, raising=False)
+    assert Engine(tiny_llama(seed=2)).edits_in_place
+    monkeypatch.setenv(IN_PLACE_SWITCH, "0")
+    engine = Engine(tiny_llama(seed=2))
+    assert engine.can_edit_in_place and not engine.edits_in_place
+
+
 def test_bf16_in_place_matches_the_copy_path_within_bf16_rounding() -> None:
     loaded = tiny_llama(seed=2)
     loaded.model.to(torch.bfloat16)
     engine = Engine(loaded)
-    assert engine.can_edit_in_place and not engine.edits_in_place  # off by default
+    assert engine.can_edit_in_place
     engine.edits_in_place = True
     base = _session(engine)
     moved, copied = _both_paths(engine, base, EDITS["splice_long_span"])
