@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -229,6 +230,22 @@ LL_DEFINE_PAIRS(plain)
 #pragma GCC pop_options
 #endif
 
+/* The caller's descriptors (LL_DESC int64 each) into bands; -1 on a size below 1. */
+static int ll_parse_bands(const int64_t *desc, int64_t nbands, ll_band *bands) {
+    for (int64_t k = 0; k < nbands; k++) {
+        const int64_t *d = desc + k * LL_DESC;
+        bands[k].src = (const void *)(intptr_t)d[0];
+        bands[k].dst = (void *)(intptr_t)d[1];
+        for (int j = 0; j < 3; j++) {
+            bands[k].size[j] = d[2 + j];
+            bands[k].src_stride[j] = d[5 + j];
+            bands[k].dst_stride[j] = d[8 + j];
+            if (d[2 + j] <= 0) return -1;
+        }
+    }
+    return 0;
+}
+
 static void run_task(const ll_task *t) {
     int64_t base = 0;
     for (int64_t k = 0; k < t->nbands && base < t->end; k++) {
@@ -249,19 +266,10 @@ int leyline_rope_rotate(const int64_t *desc, int64_t nbands, const float *cos,
     enum { LL_MAX_BANDS = 256 };
     ll_band bands[LL_MAX_BANDS];
     if (half <= 0 || half > LL_MAX_HALF || nbands < 0 || nbands > LL_MAX_BANDS) return -1;
+    if (ll_parse_bands(desc, nbands, bands) != 0) return -1;
     int64_t total = 0;
-    for (int64_t k = 0; k < nbands; k++) {
-        const int64_t *d = desc + k * LL_DESC;
-        bands[k].src = (const void *)(intptr_t)d[0];
-        bands[k].dst = (void *)(intptr_t)d[1];
-        for (int j = 0; j < 3; j++) {
-            bands[k].size[j] = d[2 + j];
-            bands[k].src_stride[j] = d[5 + j];
-            bands[k].dst_stride[j] = d[8 + j];
-            if (d[2 + j] <= 0) return -1;
-        }
+    for (int64_t k = 0; k < nbands; k++)
         total += bands[k].size[0] * bands[k].size[1] * bands[k].size[2];
-    }
     if (total == 0) return 0;
     static const ll_rows_fn table[2][2][2] = {
         {{ll_rows_half_plain_f32, ll_rows_half_fused_f32},
@@ -362,19 +370,10 @@ int leyline_rope_move(const int64_t *desc, int64_t nbands, const float *cos, con
     int64_t first[LL_MAX_BANDS + 1];
     if (nbands < 0 || nbands > LL_MAX_BANDS || dim <= 0 || off < 0) return -1;
     if (rotate && (half <= 0 || half > LL_MAX_HALF || off + 2 * (int64_t)half > dim)) return -1;
+    if (ll_parse_bands(desc, nbands, bands) != 0) return -1;
     first[0] = 0;
-    for (int64_t k = 0; k < nbands; k++) {
-        const int64_t *d = desc + k * LL_DESC;
-        bands[k].src = (const void *)(intptr_t)d[0];
-        bands[k].dst = (void *)(intptr_t)d[1];
-        for (int j = 0; j < 3; j++) {
-            bands[k].size[j] = d[2 + j];
-            bands[k].src_stride[j] = d[5 + j];
-            bands[k].dst_stride[j] = d[8 + j];
-            if (d[2 + j] <= 0) return -1;
-        }
+    for (int64_t k = 0; k < nbands; k++)
         first[k + 1] = first[k] + bands[k].size[0] * bands[k].size[1];
-    }
     const int64_t slices = first[nbands];
     if (slices == 0) return 0;
     static const ll_move_fn table[2][2][2] = {
@@ -417,26 +416,8 @@ class RopeKernel:
         self.path = path
         self.threaded = threaded
         """Built with OpenMP: calls split their rows over ``torch.get_num_threads()``."""
-        fn = lib.leyline_rope_rotate
-        fn.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_int64,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            *(ctypes.c_int32,) * 5,
-        ]
-        fn.restype = ctypes.c_int32
-        self._fn = fn
-        move = lib.leyline_rope_move
-        move.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_int64,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            *(ctypes.c_int32,) * 8,
-        ]
-        move.restype = ctypes.c_int32
-        self._move = move
+        self._fn = _bind(lib, "leyline_rope_rotate", 5)
+        self._move = _bind(lib, "leyline_rope_move", 8)
 
     def run(
         self,
@@ -454,12 +435,7 @@ class RopeKernel:
         ``cos``/``sin``: contiguous fp32 CPU tensors, one value per pair."""
         if not bands:
             return
-        half = cos.numel()
-        for t in (cos, sin):
-            if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != half:
-                raise ValueError("cos/sin must be contiguous fp32, one value per pair")
-            if t.device.type != "cpu":
-                raise ValueError("cos/sin must be on the CPU")
+        half = _check_cos_sin(cos, sin)
         if len(bands) > MAX_BANDS:
             raise ValueError(f"at most {MAX_BANDS} bands per call")
         desc = (ctypes.c_int64 * (11 * len(bands)))(*(v for band in bands for v in band))
@@ -499,14 +475,7 @@ class RopeKernel:
             return
         if len(bands) > MAX_BANDS:
             raise ValueError(f"at most {MAX_BANDS} bands per call")
-        half = 0
-        if cos is not None:
-            half = cos.numel()
-            for t in (cos, sin):
-                if t is None or t.dtype != torch.float32 or not t.is_contiguous():
-                    raise ValueError("cos/sin must be contiguous fp32, one value per pair")
-                if t.numel() != half or t.device.type != "cpu":
-                    raise ValueError("cos/sin must be CPU tensors, one value per pair")
+        half = 0 if cos is None else _check_cos_sin(cos, sin)
         desc = (ctypes.c_int64 * (11 * len(bands)))(*(v for band in bands for v in band))
         threads = max(1, min(torch.get_num_threads(), nbytes // _MIN_BYTES_PER_THREAD))
         rc = self._move(
@@ -552,6 +521,31 @@ class RopeKernel:
             fused=fused,
             nbytes=sum(src.numel() * src.element_size() for _, src in pairs),
         )
+
+
+def _bind(lib: ctypes.CDLL, name: str, int32_args: int) -> Any:
+    """``name`` from ``lib``: (descriptors, band count, cos, sin, ``int32_args`` int32) -> int32."""
+    fn = lib[name]
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        *(ctypes.c_int32,) * int32_args,
+    ]
+    fn.restype = ctypes.c_int32
+    return fn
+
+
+def _check_cos_sin(cos: torch.Tensor, sin: torch.Tensor | None) -> int:
+    """The pair count of a valid cos/sin (contiguous fp32 CPU tensors of one value per pair)."""
+    half = cos.numel()
+    for t in (cos, sin):
+        if t is None or t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != half:
+            raise ValueError("cos/sin must be contiguous fp32, one value per pair")
+        if t.device.type != "cpu":
+            raise ValueError("cos/sin must be on the CPU")
+    return half
 
 
 def _outer(
