@@ -132,6 +132,23 @@ def register(commands: Any) -> None:
         "share in [0, 1) (0: one decode step per slice; 0.5: as long as the slice took)",
     )
     sched.add_argument(
+        "--schedule",
+        choices=("srpt", "las"),
+        default="srpt",
+        help="which waiting edit or prefill takes the model next: srpt, the one with the "
+        "least estimated work left (tokens to run times the measured seconds per token; "
+        "short replies also finish before the next prefill chunk); las, the one that has "
+        "held it least",
+    )
+    sched.add_argument(
+        "--schedule-aging",
+        type=float,
+        default=0.1,
+        metavar="A",
+        help="srpt: seconds taken off a waiting job's estimate per second it waits, so long "
+        "jobs are not starved (0: pure srpt)",
+    )
+    sched.add_argument(
         "--prefill-chunk",
         type=int,
         default=512,
@@ -185,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
             max_running_jobs=args.max_running_jobs,
             max_decode_batch=args.max_decode_batch,
             decode_share=args.decode_share,
+            schedule=args.schedule,
+            schedule_aging=args.schedule_aging,
             prefill_chunk=args.prefill_chunk,
             inline_decode=args.inline_decode,
         )

@@ -33,6 +33,7 @@ from .reports import GenerationResult
 from .scheduler import JobTiming, ModelScheduler
 from .session import EXECUTED_VERBS, PendingGeneration, SessionCache
 from .skills import Skill, SkillStore
+from .work_estimates import SchedulePolicy
 
 T = TypeVar("T")
 
@@ -51,6 +52,8 @@ class EngineBackend:
         max_jobs: int = 8,
         max_batch: int = 32,
         decode_share: float = 0.0,
+        schedule: SchedulePolicy = "srpt",
+        schedule_aging: float = 0.1,
         inline_decode: bool = False,
     ) -> None:
         self.engine = engine
@@ -61,7 +64,12 @@ class EngineBackend:
         self._tenants = tenants  # whether the server in front maps credentials to tenants
         self.renderer = ChatRenderer(engine.tokenizer) if engine.tokenizer is not None else None
         self.scheduler = ModelScheduler(
-            engine, max_jobs=max_jobs, max_batch=max_batch, decode_share=decode_share
+            engine,
+            max_jobs=max_jobs,
+            max_batch=max_batch,
+            decode_share=decode_share,
+            policy=schedule,
+            aging=schedule_aging,
         )
         self.inline_decode = inline_decode
         """A turn's generation runs inside its job, unbatched (the pre-scheduler baseline)."""
@@ -73,10 +81,11 @@ class EngineBackend:
         return await asyncio.wrap_future(self.scheduler.submit(fn, exclusive=exclusive))
 
     async def run_timed(
-        self, fn: Callable[[], T], *, exclusive: bool = False
+        self, fn: Callable[[], T], *, exclusive: bool = False, cost: int | None = None
     ) -> tuple[T, JobTiming | None]:
-        """``run``, and where the job's time went (queued, holding the model)."""
-        future = self.scheduler.submit(fn, exclusive=exclusive)
+        """``run``, and where the job's time went (queued, holding the model). ``cost``:
+        tokens it runs through the model, if known (``work_estimates.turn_cost``)."""
+        future = self.scheduler.submit(fn, exclusive=exclusive, cost=cost)
         result = await asyncio.wrap_future(future)
         return result, self.scheduler.timing(future)
 

@@ -89,6 +89,11 @@ class Decoder:
         self.done = False
 
     @property
+    def tokens_left(self) -> int:
+        """Tokens it may still produce (its budget; a stop may end it sooner)."""
+        return 0 if self.done else self.budget - len(self.out)
+
+    @property
     def pending(self) -> int:
         """The last chosen token, the one the next forward runs."""
         return self.out[-1]

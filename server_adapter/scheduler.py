@@ -23,6 +23,25 @@ that share of the model while both kinds of work wait; prefills keep the rest. A
 ``max_jobs`` jobs are started and unfinished at a time (their buffers coexist); the rest
 wait in arrival order.
 
+**Which job goes next** is the ``policy``'s choice:
+
+- ``las`` (this class's default): least attained service, as above; it needs no job sizes.
+- ``srpt``: shortest remaining processing time, the order that minimises mean response time
+  on one server when requests arrive on their own (with a fixed set of clients each waiting
+  for its reply, the mean is fixed by throughput and the order only says who waits). A job
+  submitted with a ``cost`` (tokens it runs through the model; each server turn gives one,
+  ``work_estimates.turn_cost``) is estimated at that many tokens times the seconds per
+  token the scheduler has measured, less what it has held the model so far; a job without
+  one falls back to its attained service (``work_estimates``). ``aging`` takes that many
+  seconds off a job's estimate per second it has waited for its next slice, so a long job
+  is not starved by a stream of short ones. Generations are work too: besides the one step
+  per slice, decode steps keep running while the running generation nearest its end
+  (tokens left times the measured step time) has less left than the job about to run; a
+  short reply then finishes before a long prefill's next chunk instead of one token per
+  chunk, while a long generation keeps the one-step-per-slice pace and leaves the model to
+  the prompts waiting for their first token. The server runs ``srpt`` by default
+  (``leyline serve --schedule``), since every turn knows its size.
+
 **Exclusive jobs** (anything that purges the shared prefix cache: FORGET) run alone: they
 start once no other job is in flight and no generation is running, and nothing starts until
 they end. A job interleaved with a purge could otherwise publish, after it, KV it matched
@@ -42,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .batched_decode import Row
 from .reports import GenerationResult
+from .work_estimates import SCHEDULE_POLICIES, SchedulePolicy, WorkRates
 from .yield_points import pausing_with
 
 if TYPE_CHECKING:
@@ -65,11 +85,15 @@ class JobTiming:
 class _Job(Generic[T]):
     fn: Callable[[], T]
     exclusive: bool
+    cost: int | None = None
+    """Tokens it runs through the model (``srpt``'s size); None: unknown."""
     future: Future[T] = field(default_factory=Future)
     go: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
     service: float = 0.0
     slice_start: float = 0.0
+    ready_since: float = 0.0
+    """When it last became ready for a slice (``srpt``'s aging)."""
 
 
 @dataclass(eq=False)
@@ -88,6 +112,10 @@ class SchedulerStats:
     decoded_rows: int
     """Tokens decoded in batched steps: ``decoded_rows / decode_steps`` is the mean batch."""
     max_batch: int
+    seconds_per_token: float = 0.0
+    """The learned model time per job token (``srpt``'s rate, ``work_estimates``)."""
+    seconds_per_decode_step: float = 0.0
+    """The learned time of one batched decode step."""
 
 
 class ModelScheduler:
@@ -100,13 +128,22 @@ class ModelScheduler:
         max_jobs: int = 8,
         max_batch: int = 32,
         decode_share: float = 0.0,
+        policy: SchedulePolicy = "las",
+        aging: float = 0.1,
     ) -> None:
         if max_jobs < 1 or max_batch < 1:
             raise ValueError("max_jobs and max_batch must be at least 1")
         if not 0.0 <= decode_share < 1.0:
             raise ValueError("decode_share must be in [0, 1)")
+        if policy not in SCHEDULE_POLICIES:
+            names = ", ".join(SCHEDULE_POLICIES)
+            raise ValueError(f"policy must be one of {names}, not {policy!r}")
+        if aging < 0:
+            raise ValueError("aging must be at least 0")
         self.engine, self.max_jobs, self.max_batch = engine, max_jobs, max_batch
-        self.decode_share = decode_share
+        self.decode_share, self.policy, self.aging = decode_share, policy, aging
+        self.rates = WorkRates()
+        """Seconds per job token and per decode step, learned as work finishes (``srpt``)."""
         self._last_slice_s = 0.0  # the scheduler thread's own: the last slice's duration
         self._cv = threading.Condition()
         self._waiting: deque[_Job[Any]] = deque()  # submitted, not started
@@ -125,9 +162,14 @@ class ModelScheduler:
 
     # -- the API ---------------------------------------------------------------------------
 
-    def submit(self, fn: Callable[[], T], *, exclusive: bool = False) -> Future[T]:
-        """Run ``fn`` as a job; its future carries the result (or the exception)."""
-        job: _Job[T] = _Job(fn, exclusive)
+    def submit(
+        self, fn: Callable[[], T], *, exclusive: bool = False, cost: int | None = None
+    ) -> Future[T]:
+        """Run ``fn`` as a job; its future carries the result (or the exception). ``cost``:
+        the tokens it runs through the model, if known (the ``srpt`` policy's size)."""
+        if cost is not None and cost < 0:
+            raise ValueError(f"a job's cost is a token count, not {cost}")
+        job: _Job[T] = _Job(fn, exclusive, cost)
         self._enqueue(self._waiting, job)
         return job.future
 
@@ -152,7 +194,13 @@ class ModelScheduler:
     def stats(self) -> SchedulerStats:
         c = self._counts
         return SchedulerStats(
-            c["jobs"], c["slices"], c["decode_steps"], c["decoded_rows"], c["max"]
+            c["jobs"],
+            c["slices"],
+            c["decode_steps"],
+            c["decoded_rows"],
+            c["max"],
+            self.rates.token_s,
+            self.rates.step_s,
         )
 
     def shutdown(self) -> None:
@@ -180,31 +228,51 @@ class ModelScheduler:
                     return
                 job = self._next_ready()
             if self._generations:
-                self._decode_steps()
+                self._decode_steps(job)
             if job is not None:
                 t0 = time.perf_counter()
                 self._run_slice(job)
                 self._last_slice_s = time.perf_counter() - t0
 
-    def _decode_steps(self) -> None:
+    def _decode_steps(self, job: _Job[Any] | None) -> None:
         """One decode step, then more while generations run and their time since the last
-        slice stays under ``decode_share`` of the two together (module docstring)."""
+        slice stays under ``decode_share`` of the two together, or (``srpt``) while the
+        generation nearest its end has less left than ``job`` (module docstring)."""
         share = self.decode_share
         budget = self._last_slice_s * share / (1.0 - share)
         self._last_slice_s = 0.0
+        job_left = self._left(job, time.perf_counter()) if job is not None else 0.0
         t0 = time.perf_counter()
         self._decode_step()
-        while self._generations and time.perf_counter() - t0 < budget:
+        while self._generations and (
+            time.perf_counter() - t0 < budget
+            or (self.policy == "srpt" and self._shortest_generation_left() < job_left)
+        ):
             self._decode_step()
 
+    def _shortest_generation_left(self) -> float:
+        with self._cv:
+            tokens = min(g.pending.decoder.tokens_left for g in self._generations)
+        return self.rates.generation_left(tokens)
+
+    def _left(self, job: _Job[Any], now: float) -> float:
+        """``srpt``'s key: the job's estimated model time left, less its aging credit."""
+        left = self.rates.job_left(job.cost, job.service, self.engine.prefill_chunk)
+        return left - self.aging * (now - job.ready_since)
+
     def _next_ready(self) -> _Job[Any] | None:
-        """The ready job that has held the model least so far, oldest first among equals
-        (least attained service: a job's remaining work is unknown, but a short one has
-        little attained when it arrives, so it runs before long ones in progress; a long one
-        still gets every slice the short ones leave). Lock held."""
+        """The ready job with the least estimated work left (``srpt``), or the one that has
+        held the model least so far (``las``: a job's remaining work is unknown, but a short
+        one has little attained when it arrives, so it runs before long ones in progress; a
+        long one still gets every slice the short ones leave); oldest first among equals.
+        Lock held."""
         if not self._ready:
             return None
-        job = min(self._ready, key=lambda j: (j.service, j.submitted))
+        if self.policy == "srpt":
+            now = time.perf_counter()
+            job = min(self._ready, key=lambda j: (self._left(j, now), j.submitted))
+        else:
+            job = min(self._ready, key=lambda j: (j.service, j.submitted))
         self._ready.remove(job)
         return job
 
@@ -221,6 +289,7 @@ class ModelScheduler:
             self._waiting.popleft()
             self._in_flight += 1
             self._counts["jobs"] += 1
+            job.ready_since = time.perf_counter()
             self._ready.append(job)
             threading.Thread(target=self._job_thread, args=(job,), daemon=True).start()
 
@@ -239,6 +308,7 @@ class ModelScheduler:
         with self._cv:
             job.go.clear()
             if again:
+                job.ready_since = time.perf_counter()
                 self._ready.append(job)
             else:
                 self._in_flight -= 1
@@ -266,6 +336,8 @@ class ModelScheduler:
         except BaseException as exc:  # handed to the awaiting request, never lost
             error = exc
         self._release(job, again=False)
+        if error is None:
+            self.rates.learn_job(job.cost, job.service)
         wall = time.perf_counter() - job.submitted
         self._timings[job.future] = JobTiming(wall - job.service, job.service)
         if error is not None:
@@ -295,6 +367,7 @@ class ModelScheduler:
             else:
                 self._finish(gen)
         if live:
+            t0 = time.perf_counter()
             rows = [
                 Row(g.pending.decoder.buffers, g.pending.decoder.length, g.pending.decoder.pending)
                 for g in live
@@ -308,6 +381,7 @@ class ModelScheduler:
             else:
                 for gen, row_logits in zip(live, logits, strict=True):
                     gen.pending.decoder.advance(row_logits)
+                self.rates.learn_step(time.perf_counter() - t0)
             self._counts["decode_steps"] += 1
             self._counts["decoded_rows"] += len(rows)
             self._counts["max"] = max(self._counts["max"], len(rows))

@@ -10,11 +10,13 @@ import socket
 import threading
 import time
 from types import TracebackType
+from typing import Any
 
 import uvicorn
 
 from leyline.server_adapter.http.serve import build_app
 from leyline.server_adapter.http.settings import ServerSettings
+from leyline.server_adapter.work_estimates import SchedulePolicy
 
 
 def free_port() -> int:
@@ -31,9 +33,10 @@ class EmbeddedServer:
         prefix_cache_bytes: the shared prefix cache; 0 (default here) turns it off, so each
             session reuses only its own cache (the demo's arms then cannot help each other).
         max_new_tokens: completion length when a request names none.
-        max_running_jobs, max_decode_batch, decode_share, inline_decode: the model
+        max_running_jobs, max_decode_batch, decode_share, schedule, inline_decode: the model
             scheduler's (``leyline serve``'s ``--max-running-jobs``, ``--max-decode-batch``,
-            ``--decode-share``, ``--inline-decode``; None: the server's defaults). One job
+            ``--decode-share``, ``--schedule``, ``--inline-decode``; None: the server's
+            defaults). One job
             and inline decode is the server before its scheduler: one request's model work
             after another.
     """
@@ -48,16 +51,19 @@ class EmbeddedServer:
         max_running_jobs: int | None = None,
         max_decode_batch: int | None = None,
         decode_share: float | None = None,
+        schedule: SchedulePolicy | None = None,
         inline_decode: bool = False,
     ) -> None:
         self.port = free_port()
-        scheduling: dict[str, float] = {}
+        scheduling: dict[str, Any] = {}
         if max_running_jobs is not None:
             scheduling["max_running_jobs"] = max_running_jobs
         if max_decode_batch is not None:
             scheduling["max_decode_batch"] = max_decode_batch
         if decode_share is not None:
             scheduling["decode_share"] = decode_share
+        if schedule is not None:
+            scheduling["schedule"] = schedule
         settings = ServerSettings(
             model=model,
             port=self.port,

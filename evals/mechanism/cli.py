@@ -79,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "may take between two prefill slices; default: the server's, 0)",
     )
     parser.add_argument(
+        "--schedule",
+        choices=("las", "srpt"),
+        help="embedded server: leyline serve --schedule (which waiting job takes the model "
+        "next; default: the server's, srpt)",
+    )
+    parser.add_argument(
         "--arms-apart",
         action="store_true",
         help="run each level's clients in one arm at a time (all splice, then all re-prefill) "
@@ -121,10 +127,12 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         serial=args.serial,
         decode_share=args.decode_share,
+        schedule=args.schedule,
     )
-    if args.decode_share is not None and args.base_url:
-        print("leyline eval mechanism: --decode-share is for the embedded server", file=sys.stderr)
-        return 2
+    for flag, value in (("--decode-share", args.decode_share), ("--schedule", args.schedule)):
+        if value is not None and args.base_url:
+            print(f"leyline eval mechanism: {flag} is for the embedded server", file=sys.stderr)
+            return 2
     if args.serial and args.base_url:
         print("leyline eval mechanism: --serial is for the embedded server", file=sys.stderr)
         return 2

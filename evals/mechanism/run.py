@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 
@@ -27,6 +27,9 @@ from .report import (
 from .stats import overall, summarize
 from .trajectories import Trajectory
 
+if TYPE_CHECKING:
+    from leyline.server_adapter.work_estimates import SchedulePolicy
+
 
 @dataclass(frozen=True, slots=True)
 class Options:
@@ -42,6 +45,8 @@ class Options:
     turn's generation inside it), the server as it was before its scheduler: the baseline."""
     decode_share: float | None = None
     """Embedded server: ``leyline serve --decode-share`` (None: its default)."""
+    schedule: SchedulePolicy | None = None
+    """Embedded server: ``leyline serve --schedule`` (None: its default, ``srpt``)."""
 
 
 @contextmanager
@@ -59,6 +64,8 @@ def _server(options: Options) -> Iterator[tuple[str, Any]]:
     )
     if options.decode_share is not None:
         scheduling["decode_share"] = options.decode_share
+    if options.schedule is not None:
+        scheduling["schedule"] = options.schedule
     tokens = options.settings.max_tokens
     with EmbeddedServer(model, max_new_tokens=tokens, **scheduling) as embedded:
         yield embedded.base_url, embedded.app
@@ -101,6 +108,7 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
             or f"embedded leyline serve{' --serial' if options.serial else ''}",
             "trajectories": len(pool),
             "decode_share": options.decode_share,
+            "schedule": options.schedule,
         },
         folder=folder,
     )

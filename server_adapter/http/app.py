@@ -32,6 +32,8 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
         max_jobs=settings.max_running_jobs,
         max_batch=settings.max_decode_batch,
         decode_share=settings.decode_share,
+        schedule=settings.schedule,
+        schedule_aging=settings.schedule_aging,
         inline_decode=settings.inline_decode,
     )
     service = LeylineService(backend, EngineRunner(backend), settings, model_name=name)

@@ -15,6 +15,7 @@ from ..core.batch import common_prefix
 from ..engine_backend import EngineBackend
 from ..reports import GenerationResult, OpReport
 from ..session import PendingGeneration, SessionCache
+from ..work_estimates import turn_cost
 from .openai_types import ChatMessage, ToolSpec
 from .turns import Cancelled, Outcome, Turn, TurnTiming
 
@@ -58,7 +59,9 @@ class EngineRunner:
             return begun, session.generate_pending(pending)
 
         purges = turn.plan is not None and turn.plan.forget_from is not None
-        (begun, generation), timing = await self.backend.run_timed(work, exclusive=purges)
+        (begun, generation), timing = await self.backend.run_timed(
+            work, exclusive=purges, cost=_cost(turn)
+        )
         queued = timing.queued if timing else 0.0
         service = timing.service if timing else 0.0
         if generation is None:
@@ -80,6 +83,14 @@ class _Begun:
     edited: tuple[int, ...]
     spans: tuple[MessageSpan, ...]
     pending: PendingGeneration
+
+
+def _cost(turn: Turn[SessionCache]) -> int:
+    """Tokens the turn's job runs through the model (the scheduler's size estimate)."""
+    plan = turn.plan
+    if plan is None:
+        return turn_cost(turn.handle.tokens, (), (), turn.prompt)
+    return turn_cost(plan.tokens, plan.edits, plan.composes, turn.prompt)
 
 
 def _begin(backend: EngineBackend, turn: Turn[SessionCache]) -> _Begun:

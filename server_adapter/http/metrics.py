@@ -57,6 +57,13 @@ class Metrics:
             ["counter"],
             registry=r,
         )
+        self.scheduler_rates = Gauge(
+            "leyline_scheduler_seconds",
+            "The scheduler's learned model time per job token and per batched decode step "
+            "(what turns a job's size into its estimated work left)",
+            ["per"],
+            registry=r,
+        )
 
     def record_scheduler(self, stats: SchedulerStats) -> None:
         for name, value in (
@@ -67,6 +74,8 @@ class Metrics:
             ("max_batch", stats.max_batch),
         ):
             self.scheduler.labels(name).set(value)
+        self.scheduler_rates.labels("token").set(stats.seconds_per_token)
+        self.scheduler_rates.labels("decode_step").set(stats.seconds_per_decode_step)
 
     def record_cache_op(self, report: LeylineResponse) -> None:
         self.paths.labels(report.path.value).inc()

@@ -9,6 +9,7 @@ from pathlib import Path
 from leyline.protocol import Limits
 
 from ..core.sessions import DEFAULT_TENANT
+from ..work_estimates import SCHEDULE_POLICIES, SchedulePolicy
 
 _TENANT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -48,6 +49,12 @@ class ServerSettings:
     decode_share: float = 0.0
     """Model time the running generations may take between two prefill slices, as a share
     of the two (``scheduler``); 0: one decode step per slice."""
+    schedule: SchedulePolicy = "srpt"
+    """Which ready job takes the model next: ``srpt`` (shortest estimated remaining work,
+    with ``schedule_aging``; each turn's job carries its size) or ``las`` (least attained
+    service; ``scheduler``)."""
+    schedule_aging: float = 0.1
+    """``srpt``: seconds taken off a waiting job's estimate per second it waits."""
     prefill_chunk: int = 512
     """Tokens a prefill runs in one forward: the slice after which other work may run."""
     inline_decode: bool = False
@@ -58,6 +65,12 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if not 0.0 <= self.decode_share < 1.0:
             raise ValueError(f"decode_share must be in [0, 1), not {self.decode_share}")
+        if self.schedule not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"schedule must be one of {', '.join(SCHEDULE_POLICIES)}, not {self.schedule!r}"
+            )
+        if self.schedule_aging < 0:
+            raise ValueError(f"schedule_aging must be at least 0, not {self.schedule_aging}")
         positive = {
             "port": self.port,
             "max_body_bytes": self.max_body_bytes,
