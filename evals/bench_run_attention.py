@@ -13,8 +13,10 @@ Shapes are SmolLM2-135M's (9 query heads, 3 key/value heads, head dim 64); the k
 the ``context`` positions the run sees (the run's own last).
 
 ``--in-model N`` also times the engine at an ``N``-token session (SmolLM2 in each of
-``--dtypes``): bench_splice's splice with logits by copy and in place, with the kernel's
-runs switched on and off run by run (``AttentionKernel.runs_vectorised``), medians.
+``--dtypes``): bench_splice's splice with logits by copy and in place, with the runs on
+torch's flash kernel (``old``) and on the kernel (``new``) run by run
+(``run_choice`` modes ``torch`` and ``kernel``), medians, and which of the two the engine's
+own measurement (mode ``auto``, the default) picked for the replacement's shape.
 
 Run: ``.venv/bin/python evals/bench_run_attention.py`` (``--quick`` for a smoke run).
 """
@@ -72,20 +74,28 @@ def bench_in_model(n: int, runs: int, dtype: torch.dtype) -> dict[str, float]:
     base.prefill(document(engine, n))
     start = n // 4
     edit = Edit(start, start + 300, stub_tokens(engine, 16), Mode.amortize)
-    was = kernel.runs_vectorised
+    was = kernel.run_choice.mode
     times: dict[str, list[float]] = {}
     try:
         for i in range(runs + 1):
-            for on in (False, True):
-                kernel.runs_vectorised = on and was
+            for mode, arm in (("torch", "old"), ("kernel", "new")):
+                kernel.run_choice.mode = mode
                 for path, in_place in (("copy", False), ("in_place", True)):
                     ms = timed_edit(base, edit, want_logits=True, in_place=in_place)[0]
                     if i:  # the first round warms up
-                        times.setdefault(f"{path}_{'new' if on else 'old'}", []).append(ms)
+                        times.setdefault(f"{path}_{arm}", []).append(ms)
+        kernel.run_choice.mode = "auto"
+        timed_edit(base, edit, want_logits=True)  # the engine's own choice, measured once
+        shapes = [s for s in kernel.run_choice.measured if s[0] == dtype]
+        picks = {
+            kernel.run_choice.measured[s][0] < kernel.run_choice.measured[s][1] for s in shapes
+        }
     finally:
-        kernel.runs_vectorised = was
+        kernel.run_choice.mode = was
         base.release()
-    return {k: statistics.median(v) for k, v in times.items()}
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    medians["auto_kernel"] = float(picks == {True}) if picks else float("nan")
+    return medians
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     if args.in_model is not None:
         print(f"# in the engine, {args.in_model} tokens, splice with logits (ms, medians)")
-        print("dtype     | copy: old new x | in place: old new x")
+        print("dtype     | copy: old new x | in place: old new x | auto picks")
         for name in args.dtypes:
             r = bench_in_model(args.in_model, args.model_runs, DTYPES[name])
             if not r:
@@ -148,10 +158,17 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{name:9} | {r['copy_old']:6.1f} {r['copy_new']:6.1f} "
                 f"{r['copy_old'] / r['copy_new']:5.2f}x | {r['in_place_old']:6.1f} "
-                f"{r['in_place_new']:6.1f} {r['in_place_old'] / r['in_place_new']:5.2f}x",
+                f"{r['in_place_new']:6.1f} {r['in_place_old'] / r['in_place_new']:5.2f}x | "
+                f"{_pick(r['auto_kernel'])}",
                 flush=True,
             )
     return 0
+
+
+def _pick(auto_kernel: float) -> str:
+    if auto_kernel != auto_kernel:  # NaN: no run reached the kernel's minimum keys
+        return "-"
+    return "kernel" if auto_kernel else "torch"
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ go across the vector lanes instead: queries transposed once per task, each key's
 broadcast against them (no lane reductions, no transposed keys), the online softmax 16
 rows at a time with the causal limits as lane masks, two rows' weighted values per value
 load. Other CPUs get a row-by-row path, correct but slower than torch's flash kernel, so
-``AttentionKernel.takes_run`` leaves their runs to it.
+``AttentionKernel.takes_run`` leaves their runs to it; and on a CPU with AMX torch's bf16
+flash kernel beats the lanes, so each run shape goes to whichever measured faster here
+(``run_choice``).
 
 Built and loaded by ``kernel_build`` (``LEYLINE_ATTENTION_KERNEL=0`` turns it off; without
 a compiler :func:`load` returns None and ``decode_attention`` keeps torch's kernels).
@@ -35,12 +37,13 @@ a compiler :func:`load` returns None and ``decode_attention`` keeps torch's kern
 from __future__ import annotations
 
 import ctypes
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from . import kernel_build
+from . import kernel_build, run_choice
 from .kernel_build import KernelStatus
 
 __all__ = ["AttentionKernel", "KernelStatus", "eligible", "load", "status"]
@@ -863,8 +866,17 @@ class AttentionKernel:
         self._runs = runs
         self.runs_vectorised = bool(lib.leyline_query_runs_vectorised())
         """Query runs of widths that are multiples of 16 (up to 128) run on AVX-512 code:
-        1.4-2.1x torch's flash kernel for 16 queries here. Elsewhere (portable, AVX2 row by
-        row) they measured slower than it, so :meth:`takes_run` says no."""
+        1.4-2.1x torch's flash kernel for 16 queries on an AVX-512 CPU without AMX.
+        Elsewhere (portable, AVX2 row by row) they measured slower than it, so
+        :meth:`takes_run` says no."""
+        try:
+            mode = run_choice.mode_from_env()
+        except ValueError as exc:
+            warnings.warn(f"{exc}; measuring (auto)", stacklevel=2)
+            mode = "auto"
+        self.run_choice = run_choice.RunChooser(self, mode)
+        """Where vectorised, whether the runs beat torch's flash kernel on this CPU, per
+        shape (measured once: on a Xeon with AMX torch's bf16 kernel wins)."""
 
     def attend(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None
@@ -936,7 +948,8 @@ class AttentionKernel:
 
     def takes_run(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
         """Whether a run of queries is worth sending here rather than to torch's flash
-        kernel: :func:`run_eligible`, on the vectorised path, at least two queries."""
+        kernel: :func:`run_eligible`, on the vectorised path, at least two queries, and
+        measured faster than torch's for this shape on this CPU (``run_choice``)."""
         d, dv = query.shape[-1], value.shape[-1]
         return (
             self.runs_vectorised
@@ -947,6 +960,7 @@ class AttentionKernel:
             and d <= 128
             and dv <= 128
             and run_eligible(query, key, value)
+            and self.run_choice.kernel_wins(query, key, value)
         )
 
     def attend_runs(

@@ -4,6 +4,8 @@ and the engine's two callers (``attention._by_runs``, ``segment_attention``) on 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -18,11 +20,16 @@ Segment = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]
 
 
 @pytest.fixture(scope="module")
-def kernel() -> AttentionKernel:
+def kernel() -> Iterator[AttentionKernel]:
+    """The kernel with its runs taken wherever they are eligible (``run_choice`` mode
+    ``kernel``): these tests check the kernel's path, whichever is faster on this CPU."""
     loaded = attention_kernel.load()
     if loaded is None:
         pytest.skip(f"attention kernel unavailable: {attention_kernel.status().detail}")
-    return loaded
+    was = loaded.run_choice.mode
+    loaded.run_choice.mode = "kernel"
+    yield loaded
+    loaded.run_choice.mode = was
 
 
 def _segment(
