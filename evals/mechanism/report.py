@@ -36,14 +36,16 @@ def concurrency_note(base_url: str | None, arms_apart: bool = False) -> str:
 
 
 def latency_table(table: dict[str, Any]) -> str:
-    header = ["c", "arm", "requests", "e2e p50 ms", "e2e p90 ms", "TTFT p50 ms", "TTFT p90 ms"]
+    header = ["c", "arm", "requests", "e2e p50 ms", "e2e p90 ms", "e2e mean ms"]
+    header += ["TTFT p50 ms", "TTFT p90 ms"]
     header += ["queued p50 ms", "service p50 ms", "decode p50 ms"]
     header += ["hit rate", "reuse of reusable", "prefilled", "rotated", "ran as splice"]
     rows: list[list[Any]] = []
     for level, row in table.items():
         for arm in ARMS:
             a = row[arm]
-            times = [round(a[f"{k}_ms"]) for k in ("e2e_p50", "e2e_p90", "ttft_p50", "ttft_p90")]
+            keys = ("e2e_p50", "e2e_p90", "e2e_mean", "ttft_p50", "ttft_p90")
+            times = [round(a[f"{k}_ms"]) for k in keys]
             times += [_ms(a.get(f"{k}_p50_ms")) for k in ("queued", "service", "decode")]
             counts = [a["prefilled_tokens"], a["rotated_tokens"], a["splice_paths"]]
             rates = [f"{a['hit_rate']:.1%}", f"{a['reuse_of_reusable']:.1%}"]
@@ -58,7 +60,7 @@ def _ms(value: float | None) -> str:
 
 def ratio_table(table: dict[str, Any]) -> str:
     header = ["c", "e2e p50 re-prefill/splice", "TTFT p50 re-prefill/splice", "hit rate gain"]
-    header.append("throughput req/s")
+    header += ["throughput req/s", "e2e mean ms, all requests"]
     header.append("first-token argmax agree (spliced turns)")
     rows = []
     for level, row in table.items():
@@ -70,6 +72,7 @@ def ratio_table(table: dict[str, Any]) -> str:
                 f"{row['ratio_ttft_p50_ms']:.2f}x",
                 f"{row['hit_rate_gain_pp']:+.1f} pp",
                 f"{row.get('throughput_rps', float('nan')):.2f}",
+                _ms(row.get("e2e_mean_all_ms")),
                 f"{agree['agree']}/{agree['pairs']} ({agree['spliced_agree']}/"
                 f"{agree['spliced_pairs']})",
             ]

@@ -80,6 +80,8 @@ def test_statistics_against_hand_computed_values() -> None:
     assert row["splice"]["hit_rate"] == pytest.approx(180 / 300)
     assert row["reprefill"]["hit_rate"] == pytest.approx(100 / 300)
     assert row["ratio_e2e_p50_ms"] == pytest.approx(2.0 / 1.0)
+    assert row["reprefill"]["e2e_mean_ms"] == pytest.approx(2000.0)
+    assert row["e2e_mean_all_ms"] == pytest.approx(1500.0)
     assert agreement(samples) == {"pairs": 2, "agree": 1, "spliced_pairs": 1, "spliced_agree": 0}
     # Reuse against what was reusable counts only requests that had a cached revision.
     edited = [dataclasses.replace(x, reusable=190) if x.turn == 2 else x for x in samples]
