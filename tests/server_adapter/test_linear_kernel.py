@@ -32,6 +32,8 @@ def layout_known(dtype: torch.dtype) -> bool:
     except bf16 where the CPU has AMX (oneDNN packs those for the tile unit: seen on a Xeon
     with AMX, 2026-12-05)."""
     return AVX512 and not (dtype == torch.bfloat16 and AMX_BF16)
+
+
 SHAPES = [(576, 576), (192, 576), (100, 70), (3, 1000), (1000, 3), (64, 64), (130, 71)]
 
 
