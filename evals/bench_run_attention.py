@@ -86,16 +86,18 @@ def bench_in_model(n: int, runs: int, dtype: torch.dtype) -> dict[str, float]:
                         times.setdefault(f"{path}_{arm}", []).append(ms)
         kernel.run_choice.mode = "auto"
         timed_edit(base, edit, want_logits=True)  # the engine's own choice, measured once
-        shapes = [s for s in kernel.run_choice.measured if s[0] == dtype]
-        picks = {
-            kernel.run_choice.measured[s][0] < kernel.run_choice.measured[s][1] for s in shapes
-        }
     finally:
         kernel.run_choice.mode = was
         base.release()
-    medians = {k: statistics.median(v) for k, v in times.items()}
-    medians["auto_kernel"] = float(picks == {True}) if picks else float("nan")
-    return medians
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def engine_pick(dtype: torch.dtype) -> str:
+    """Which path the engine's measurement chose for ``dtype``'s run shapes so far."""
+    kernel = attention_kernel.load()
+    measured = {} if kernel is None else kernel.run_choice.measured
+    picks = {"kernel" if k < t else "torch" for s, (k, t) in measured.items() if s[0] == dtype}
+    return picks.pop() if len(picks) == 1 else "mixed" if picks else "-"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,16 +161,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name:9} | {r['copy_old']:6.1f} {r['copy_new']:6.1f} "
                 f"{r['copy_old'] / r['copy_new']:5.2f}x | {r['in_place_old']:6.1f} "
                 f"{r['in_place_new']:6.1f} {r['in_place_old'] / r['in_place_new']:5.2f}x | "
-                f"{_pick(r['auto_kernel'])}",
+                f"{engine_pick(DTYPES[name])}",
                 flush=True,
             )
     return 0
-
-
-def _pick(auto_kernel: float) -> str:
-    if auto_kernel != auto_kernel:  # NaN: no run reached the kernel's minimum keys
-        return "-"
-    return "kernel" if auto_kernel else "torch"
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from leyline.protocol.algebra import Edit
-from leyline.protocol.directives import Mode
+from leyline.protocol.directives import Mode, RecomputeDeviation
 from leyline.protocol.resolve import ResolvedCompose
 
 from .core.batch import common_prefix
@@ -97,5 +97,6 @@ def turn_cost(
 def _compose_tokens(compose: ResolvedCompose) -> int:
     """A compose runs its seam, and with deviation recompute that share of the rest."""
     seam = min(compose.seam_tokens, compose.num_tokens)
-    ratio = getattr(compose.recompute, "ratio", 0.0)
+    recompute = compose.recompute
+    ratio = recompute.ratio if isinstance(recompute, RecomputeDeviation) else 0.0
     return seam + math.ceil(ratio * (compose.num_tokens - seam))
