@@ -50,6 +50,16 @@ class Unexpressible(Exception):
     """The change needs something the client does not have (spans, the server's rendering)."""
 
 
+def _compose(block: SkillBlock, at: int) -> ComposeDirective:
+    """The compose of ``block`` at token position ``at``: its seam, and its recompute when
+    one was asked for (else the directive's default, so the wire JSON is the usual one)."""
+    if block.recompute is None:
+        return ComposeDirective(skill=block.skill, at=at, seam_tokens=block.seam_tokens)
+    return ComposeDirective(
+        skill=block.skill, at=at, seam_tokens=block.seam_tokens, recompute=block.recompute
+    )
+
+
 def check_alignment(pairs: Sequence[Pair], old: int, new: int) -> None:
     olds = [o for o, _ in pairs if o is not None]
     news = [j for _, j in pairs if j is not None]
@@ -221,7 +231,7 @@ class DirectiveBuilder:
             out.append(verb(span=TokenSpan(start=start, end=end), replacement=head or ""))
         # Insertions at one point apply in batch order, after a span that ends there.
         for block, following in composed:
-            out.append(ComposeDirective(skill=block.skill, at=end, seam_tokens=block.seam_tokens))
+            out.append(_compose(block, end))
             if following:
                 out.append(verb(span=TokenSpan(start=end, end=end), replacement=following))
         return out

@@ -18,6 +18,7 @@ from leyline.protocol import (
     PROTOCOL_VERSION,
     Capabilities,
     ComposeDirective,
+    RecomputeMode,
     Verb,
     is_compatible,
 )
@@ -26,7 +27,7 @@ from leyline.protocol.resources import TokenizeRequest, TokenizeResponse
 from .base import SummaryRequest
 from .errors import PinnedSpanError
 from .messages import Message
-from .skill_refs import SkillLookup, wire_message
+from .skill_refs import SkillBlock, SkillLookup, wire_message
 from .skills import SkillSet
 
 LEYLINE_KEY = "leyline"
@@ -235,8 +236,22 @@ def tokenize_body(messages: Sequence[Message], tools: list[object] | None) -> di
 
 
 def composes(skills: SkillSet | None, support: ServerSupport) -> SkillLookup | None:
-    """The planner's skill lookup: only where the server executes ``compose``."""
-    return skills.lookup if skills is not None and support.compose else None
+    """The planner's skill lookup: only where the server executes ``compose``, and only
+    for blocks whose ``recompute`` mode (when one is asked for) the server lists in its
+    ``compose_recompute``: another would be refused (``unsupported_option``) and cost the
+    call a resync, so such a skill message goes as text."""
+    if skills is None or not support.compose:
+        return None
+    caps = support.capabilities
+    modes = frozenset(caps.compose_recompute) if caps is not None else frozenset()
+
+    def lookup(message: Message) -> SkillBlock | None:
+        block = skills.lookup(message)
+        if block is None or block.recompute is None or RecomputeMode(block.recompute.mode) in modes:
+            return block
+        return None
+
+    return lookup
 
 
 SKILL_ERRORS = frozenset({"unknown_skill", "skill_mismatch"})

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from leyline.protocol.directives import MAX_SEAM_TOKENS
+from leyline.protocol.directives import MAX_SEAM_TOKENS, Recompute
 
 from .messages import Message
 
@@ -26,6 +26,9 @@ class SkillBlock:
     tokens: tuple[int, ...]
     """The block: what the server renders for the message, separator before it included."""
     seam_tokens: int = 4
+    recompute: Recompute | None = None
+    """Selective recompute past the seam the compose asks for (None: the directive's
+    default, ``{"mode": "none"}``)."""
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -86,6 +86,7 @@ class RecomputeMode(StrEnum):
 
     none = "none"
     deviation = "deviation"
+    attention = "attention"
 
 
 class RecomputeNone(_Directive):
@@ -108,10 +109,31 @@ class RecomputeDeviation(_Directive):
     )
 
 
-Recompute = Annotated[RecomputeNone | RecomputeDeviation, Field(discriminator="mode")]
-"""Selective recompute past a composed block's seam: ``{"mode": "none"}`` (default) or
-``{"mode": "deviation", "ratio": 0.15}``. A server that does not execute the mode refuses
-the batch with ``unsupported_option``; it never falls back to another mode silently."""
+class RecomputeAttention(_Directive):
+    """Also recompute the block tokens that the tokens after the block read most."""
+
+    mode: Literal["attention"]
+    ratio: float = Field(
+        default=0.15,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="Fraction of the block's tokens past the seam to recompute (rounded up), "
+        "chosen as those the tokens following the block in this request (a turn's question) "
+        "give the most attention to. Nothing follows the block: only the seam is recomputed.",
+    )
+
+
+Recompute = Annotated[
+    RecomputeNone | RecomputeDeviation | RecomputeAttention, Field(discriminator="mode")
+]
+"""Selective recompute past a composed block's seam: ``{"mode": "none"}`` (default),
+``{"mode": "deviation", "ratio": 0.15}`` or ``{"mode": "attention", "ratio": 0.15}``. A
+server that does not execute the mode refuses the batch with ``unsupported_option``; it
+never falls back to another mode silently."""
+
+SelectiveRecompute = RecomputeDeviation | RecomputeAttention
+"""The recompute modes that choose a share of the block (they carry a ``ratio``)."""
 
 
 MAX_SEAM_TOKENS = 256

@@ -71,6 +71,7 @@ _UNION_TAGS = frozenset(_VERBS.split(", ")) | {
     "end_of_sequence",
     "none",  # compose's recompute modes
     "deviation",
+    "attention",
 }
 _SPAN_FIELDS = frozenset({"span", "corrects", "at"})
 _RANGE_ERRORS = frozenset({"value_error", "greater_than_equal"})

@@ -18,6 +18,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from . import attention_kernel
+from .attention_mass import ATTENTION_MASS_KWARG, AttentionMass
 from .batched_decode import ROWS_KWARG, RowsView, rows_attention
 from .decode_attention import single_query_attention, takes_single_query
 from .forward import QUERY_RUNS_KWARG
@@ -40,6 +41,9 @@ def grouped_sdpa_forward(
     """The ``sdpa`` attention function's contract, without expanding grouped heads."""
     if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
         raise ValueError(f"{NAME} supports neither softcap nor a position bias")
+    mass = kwargs.get(ATTENTION_MASS_KWARG)
+    if isinstance(mass, AttentionMass):  # a forward that must see the weights (COMPOSE)
+        return mass.attend(query, key, value, attention_mask, scaling), None
     plan = kwargs.get(SEGMENTS_KWARG)
     if isinstance(plan, SegmentPlan):  # an in-place edit's forward: KV read where it lies
         layer = getattr(module, "layer_idx", None)

@@ -25,20 +25,25 @@ rest of the block is placed, ``recompute.DeviationRecompute`` runs it in context
 the first layers, ranks its tokens by how far that KV is from the copy, and recomputes the
 ``ceil(r * (L - k))`` farthest ones through every layer (definition in ``recompute``).
 They count as prefilled, not reused; with every copied token recomputed the block is exact.
+``{"mode": "attention", "ratio": r}`` recomputes as many, chosen instead by the attention the
+tokens after the block give them (``attention_recompute``; a turn passes its prompt as
+``final_tokens`` so that its question is what ranks them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from leyline.protocol.algebra import Edit, EditResult, Run, replacement_spans
 from leyline.protocol.capabilities import Limits
-from leyline.protocol.directives import Mode, Recompute, RecomputeDeviation
+from leyline.protocol.directives import Mode, Recompute, RecomputeAttention
 from leyline.protocol.envelope import Path
 from leyline.protocol.errors import ErrorCode, LeylineError
 
+from .attention import NAME as ENGINE_ATTENTION
+from .attention_recompute import AttentionRecompute, following_tokens
 from .core.batch import EditPlan, SessionView, plan_edits
 from .edit_paths import reprefill_from_change, run_edits
 from .errors import SpliceUnsupportedError
@@ -106,19 +111,37 @@ class Block:
     """Recomputes part of the copied rest once placed (``DeviationRecompute``), or None."""
 
 
-def deviation_ratio(recompute: Recompute) -> float | None:
-    """The deviation ratio of a directive's ``recompute``, or None for ``none``."""
-    return recompute.ratio if isinstance(recompute, RecomputeDeviation) else None
+def supports_attention_recompute(engine: Engine) -> bool:
+    """Whether ``attention`` recompute runs here: the model's layers run apart and its
+    attention is the engine's, which can hand out its weights (``attention_mass``)."""
+    attention = getattr(engine.model.config, "_attn_implementation", None)
+    return supports_deviation(engine.model) and attention == ENGINE_ATTENTION
 
 
-def refiner(engine: Engine, ratio: float | None) -> Refiner | None:
-    """The selective recompute for ``ratio`` on ``engine`` (None: seam only).
+def refiner(
+    engine: Engine,
+    recompute: Recompute | None,
+    following: Sequence[int] = (),
+) -> Refiner | None:
+    """The selective recompute ``recompute`` asks for on ``engine`` (None: seam only);
+    ``following``: the tokens after the block, which rank it in ``attention`` mode.
 
     Raises:
-        LeylineError: ``unsupported_option`` when the model's layers cannot be run apart.
+        LeylineError: ``unsupported_option`` when the model cannot run the mode.
     """
-    if ratio is None:
+    if recompute is None or recompute.mode == "none":
         return None
+    if isinstance(recompute, RecomputeAttention):
+        if not supports_attention_recompute(engine):
+            raise LeylineError(
+                ErrorCode.unsupported_option,
+                f"{engine.loaded.label}: attention recompute needs the model's decoder layers "
+                "and the engine's attention",
+                "recompute.mode",
+            )
+        return AttentionRecompute(
+            engine.model, recompute.ratio, tuple(following), chunk=engine.prefill_chunk
+        )
     if not supports_deviation(engine.model):
         raise LeylineError(
             ErrorCode.unsupported_option,
@@ -126,7 +149,10 @@ def refiner(engine: Engine, ratio: float | None) -> Refiner | None:
             "recompute.mode",
         )
     return DeviationRecompute(
-        engine.model, ratio, layer=engine.recompute_selection_layer, chunk=engine.prefill_chunk
+        engine.model,
+        recompute.ratio,
+        layer=engine.recompute_selection_layer,
+        chunk=engine.prefill_chunk,
     )
 
 
@@ -216,13 +242,16 @@ def run_compose(
     *,
     allow_fallback: bool = True,
     want_logits: bool = False,
-    recompute_ratio: float | None = None,
+    recompute: Recompute | None = None,
+    final_tokens: Sequence[int] | None = None,
 ) -> tuple[SessionState, OpReport]:
     """The composed state (revision and spans left to the caller) and its report.
 
     ``state`` must hold KV for all of its tokens; ``plan`` comes from :func:`plan_compose`
     on it. ``want_logits``: also compute the next-token logits now (see ``fill_runs``).
-    ``recompute_ratio``: deviation recompute of that fraction of the copied tokens.
+    ``recompute``: the selective recompute of the copied tokens (None: the seam only).
+    ``final_tokens``: the sequence the request goes on to (a turn's prompt), whose tokens
+    after the block rank it in ``attention`` mode (``attention_recompute``).
 
     Raises:
         LeylineError: ``skill_mismatch`` when another model compiled the skill;
@@ -233,7 +262,8 @@ def run_compose(
     check_compatible(engine, skill, state.kv)
     result = plan.result
     at = plan.edits[0].start
-    runs = compose_runs(result, skill, seam_tokens, state.kv, refiner(engine, recompute_ratio))
+    following = _following(recompute, result.tokens, at + len(skill), final_tokens)
+    runs = compose_runs(result, skill, seam_tokens, state.kv, refiner(engine, recompute, following))
     seam = min(seam_tokens, len(skill))
     recomputed = sum(r.recomputed for r in runs)
     exact = exact_after_compose(at, len(skill), seam, state.exact_length, recomputed)
@@ -297,6 +327,7 @@ def run_batch(
     *,
     allow_fallback: bool = True,
     want_logits: bool = False,
+    final_tokens: Sequence[int] | None = None,
 ) -> tuple[SessionState, OpReport]:
     """A protocol batch holding composes (``plan.composes``; ``skills`` by directive index),
     splices and errata, on the complete ``state``. A batch with one compose and nothing else
@@ -314,7 +345,7 @@ def run_batch(
         return run_compose(
             engine, state, plan, skills[c.index], c.seam_tokens,
             allow_fallback=allow_fallback, want_logits=want_logits,
-            recompute_ratio=deviation_ratio(c.recompute),
+            recompute=c.recompute, final_tokens=final_tokens,
         )  # fmt: skip
     result = plan.result
     if plan.forget_from is not None:
@@ -323,12 +354,11 @@ def run_batch(
             want_logits=want_logits,
         )  # fmt: skip
     where = {e.index: start for e, (start, _) in zip(plan.edits, _new_spans(plan), strict=True)}
-    blocks = {
-        where[c.index]: Block(
-            skills[c.index], c.seam_tokens, refiner(engine, deviation_ratio(c.recompute))
-        )
-        for c in plan.composes
-    }
+    blocks = {}
+    for c in plan.composes:
+        start, skill = where[c.index], skills[c.index]
+        following = _following(c.recompute, result.tokens, start + len(skill), final_tokens)
+        blocks[start] = Block(skill, c.seam_tokens, refiner(engine, c.recompute, following))
     runs = batch_runs(result, blocks, state.kv)
     return _run_sourced(
         engine, state, result, runs,
@@ -338,6 +368,15 @@ def run_batch(
         first_change=result.first_change,
         allow_fallback=allow_fallback, want_logits=want_logits,
     )  # fmt: skip
+
+
+def _following(
+    recompute: Recompute | None, tokens: Sequence[int], end: int, final: Sequence[int] | None
+) -> tuple[int, ...]:
+    """The tokens after a block ending at ``end`` that rank it (``attention`` mode only)."""
+    if not isinstance(recompute, RecomputeAttention):
+        return ()
+    return following_tokens(tokens, end, final)
 
 
 def _new_spans(plan: EditPlan) -> list[tuple[int, int]]:

@@ -21,6 +21,7 @@ from leyline.protocol.resources import Message, SkillInfo
 from leyline.protocol.spans import MessageSpan
 
 from .chat.render import ChatRenderer
+from .compose import supports_attention_recompute
 from .core.backend import Rendered, SkillLabel
 from .core.batch import EditPlan, SessionView
 from .core.report import OpReport
@@ -123,10 +124,14 @@ class EngineBackend:
 
     @property
     def _recompute_modes(self) -> list[RecomputeMode]:
-        # Deviation runs the model's layers apart (``recompute``): only where they are found.
+        # Both run the model's layers apart (``recompute``): only where they are found;
+        # attention also needs the engine's attention function to see the weights.
+        modes = [RecomputeMode.none]
         if supports_deviation(self.engine.model):
-            return [RecomputeMode.none, RecomputeMode.deviation]
-        return [RecomputeMode.none]
+            modes.append(RecomputeMode.deviation)
+        if supports_attention_recompute(self.engine):
+            modes.append(RecomputeMode.attention)
+        return modes
 
     def encode(self, text: str) -> tuple[int, ...]:
         return self.engine.encode(text)
@@ -185,10 +190,17 @@ class EngineBackend:
             exclusive=plan.forget_from is not None,
         )
 
-    def execute_now(self, handle: SessionCache, plan: EditPlan, allow_fallback: bool) -> OpReport:
+    def execute_now(
+        self,
+        handle: SessionCache,
+        plan: EditPlan,
+        allow_fallback: bool,
+        final_tokens: Sequence[int] | None = None,
+    ) -> OpReport:
         """``execute`` on the calling thread (the model worker): a plan's composes get
         ``plan.tenant``'s skills, held while it runs (a skill in use is never evicted,
-        replaced or deleted)."""
+        replaced or deleted). ``final_tokens``: the turn's prompt, when there is one (it
+        ranks a compose's ``attention`` recompute)."""
         if not plan.composes:
             return handle.execute(plan, allow_fallback=allow_fallback)
         tenant = plan.tenant or DEFAULT_TENANT
@@ -197,7 +209,9 @@ class EngineBackend:
                 c.index: held.enter_context(self.skills.using(tenant, c.skill))
                 for c in plan.composes
             }
-            return handle.execute(plan, allow_fallback=allow_fallback, skills=skills)
+            return handle.execute(
+                plan, allow_fallback=allow_fallback, skills=skills, final_tokens=final_tokens
+            )
 
     # -- skills ---------------------------------------------------------------------------
 

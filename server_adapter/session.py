@@ -17,7 +17,14 @@ from dataclasses import dataclass, replace
 import torch
 
 from leyline.protocol.algebra import Edit
-from leyline.protocol.directives import Directive, Mode, Verb
+from leyline.protocol.directives import (
+    Directive,
+    Mode,
+    Recompute,
+    RecomputeAttention,
+    RecomputeDeviation,
+    Verb,
+)
 from leyline.protocol.envelope import Path
 from leyline.protocol.errors import ErrorCode, LeylineError
 from leyline.protocol.spans import MessageSpan
@@ -290,12 +297,15 @@ class SessionCache:
         allow_fallback: bool = True,
         want_logits: bool = False,
         skills: Mapping[int, Skill] | None = None,
+        final_tokens: Sequence[int] | None = None,
     ) -> OpReport:
         """Execute a checked plan all-or-nothing; returns what ran (splice / reprefill).
 
         ``want_logits``: also compute the next-token logits now (one decode step inside the
         splice's own buffer) rather than on first use, which would copy the new KV once.
         ``skills``: the compiled skill of each of ``plan.composes``, by directive index.
+        ``final_tokens``: the sequence the request goes on to (a turn's prompt); a compose
+        with ``attention`` recompute is ranked by its tokens after the block.
 
         Raises:
             LeylineError: ``revision_conflict`` if the session moved since the plan;
@@ -313,6 +323,7 @@ class SessionCache:
                 return run_batch(
                     self.engine, state, plan, blocks,
                     allow_fallback=allow_fallback, want_logits=want_logits,
+                    final_tokens=final_tokens,
                 )  # fmt: skip
 
             return self._execute(plan, run_with_skills)
@@ -339,19 +350,29 @@ class SessionCache:
         allow_fallback: bool = True,
         want_logits: bool = False,
         recompute_ratio: float | None = None,
+        recompute: Recompute | None = None,
+        final_tokens: Sequence[int] | None = None,
     ) -> OpReport:
         """Insert ``skill``'s precomputed KV at token position ``at`` (see ``compose``):
         its first ``seam_tokens`` tokens prefilled against ``tokens[:at]``, the rest copied
         with keys rotated by ``at``, the tokens from ``at`` on shifted as a splice shifts
         them. ``recompute_ratio``: also recompute that fraction of the copied tokens, those
-        whose KV deviates most in context (``recompute``). All-or-nothing; revision + 1.
+        whose KV deviates most in context (``recompute``); ``recompute``: any mode instead
+        (``{"mode": "attention"}`` ranks by the attention of the tokens after the block in
+        ``final_tokens``, the sequence the caller goes on to, or in the new revision).
+        All-or-nothing; revision + 1.
 
         Raises:
             LeylineError: ``invalid_span`` for ``at`` outside the session,
                 ``invalid_directive`` for a ratio outside (0, 1], ``skill_mismatch`` for a
-                skill of another model, any splice rule.
+                skill of another model, ``unsupported_option`` for a mode the model cannot
+                run, any splice rule.
             SpliceUnsupportedError: see :meth:`execute`.
         """
+        if recompute_ratio is not None and recompute is not None:
+            raise ValueError("give recompute_ratio or recompute, not both")
+        if isinstance(recompute, RecomputeDeviation | RecomputeAttention):
+            recompute_ratio = recompute.ratio  # the plan checks it as any ratio
         with self._lock:
             plan = plan_compose(
                 self.view,
@@ -373,7 +394,8 @@ class SessionCache:
                     seam_tokens,
                     allow_fallback=allow_fallback,
                     want_logits=want_logits,
-                    recompute_ratio=recompute_ratio,
+                    recompute=recompute or _deviation(recompute_ratio),
+                    final_tokens=final_tokens,
                 )
 
             return self._execute(plan, run)
@@ -493,3 +515,8 @@ class PendingGeneration:
     prefill: OpReport
     """How the context was brought up to date before the first token."""
     started: float
+
+
+def _deviation(ratio: float | None) -> RecomputeDeviation | None:
+    """``recompute_ratio``'s mode (checked by the plan before it is built)."""
+    return None if ratio is None else RecomputeDeviation(mode="deviation", ratio=ratio)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from leyline.protocol.algebra import Edit
-from leyline.protocol.directives import Mode, RecomputeDeviation
+from leyline.protocol.directives import Mode, SelectiveRecompute
 from leyline.protocol.resolve import ResolvedCompose
 
 from .core.batch import common_prefix
@@ -95,8 +95,9 @@ def turn_cost(
 
 
 def _compose_tokens(compose: ResolvedCompose) -> int:
-    """A compose runs its seam, and with deviation recompute that share of the rest."""
+    """A compose runs its seam, and with selective recompute that share of the rest (the
+    ranking forward of ``attention`` mode, a question's length, is left out)."""
     seam = min(compose.seam_tokens, compose.num_tokens)
     recompute = compose.recompute
-    ratio = recompute.ratio if isinstance(recompute, RecomputeDeviation) else 0.0
+    ratio = recompute.ratio if isinstance(recompute, SelectiveRecompute) else 0.0
     return seam + math.ceil(ratio * (compose.num_tokens - seam))

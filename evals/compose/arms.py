@@ -12,9 +12,9 @@ Arms (all read the next-token logits after the same question tokens):
 * ``compose_k{K}_dev{P}``: the same compose with selective recompute, ``recompute_ratio =
   P / 100`` (the server's ``{"mode": "deviation"}``: the block's copied tokens whose KV
   deviates most in context at an early layer are recomputed through every layer).
-* ``compose_k{K}_ask{P}``: question-aware recompute, an eval arm (not a server mode): the
-  same number of block tokens recomputed, chosen by the attention the question gives them
-  (``question``).
+* ``compose_k{K}_ask{P}``: question-aware recompute, the server's ``{"mode":
+  "attention"}``: the same number of block tokens recomputed, chosen by the attention the
+  question (the tokens after the block in the request) gives them.
 * ``anchored_k{K}``: the same compose (no recompute) of the skill compiled after an anchor
   (``anchor``: by default the chat template's header), whose KV is dropped: the block no
   longer starts a sequence of its own.
@@ -33,13 +33,13 @@ from dataclasses import dataclass
 
 import torch
 
+from leyline.protocol.directives import Recompute, RecomputeAttention, RecomputeDeviation
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.session import SessionCache
 from leyline.server_adapter.skills import Skill, rotate_keys
 
 from .cases import Item
 from .measures import Agreement, compare
-from .question import ask_compose
 
 FULL, NO_SKILL = "full", "no_skill"
 
@@ -135,19 +135,31 @@ class ItemResult:
     """What the engine ran for each compose: ``splice`` (anything else is a fallback)."""
 
 
-def _timed_compose(
+def timed_compose(
     prefix: SessionCache,
     skill: Skill,
     seam: int,
     question: Sequence[int],
-    ratio: float | None = None,
+    recompute: Recompute | None = None,
 ) -> tuple[torch.Tensor, float, str]:
+    """A chat turn's path: the compose (its recompute ranked, in ``attention`` mode, by the
+    question that follows it), then the question prefilled."""
     session = prefix.fork()  # shares the prefix's tensors, never writes them
     t0 = time.perf_counter()
-    report = session.compose(skill, len(prefix.tokens), seam_tokens=seam, recompute_ratio=ratio)
+    final = (*prefix.tokens, *skill.tokens, *question)
+    at = len(prefix.tokens)
+    report = session.compose(skill, at, seam_tokens=seam, recompute=recompute, final_tokens=final)
     session.extend(question)
     logits = session.next_token_logits()
     return logits, time.perf_counter() - t0, report.path.value
+
+
+def deviation_mode(ratio: float) -> RecomputeDeviation:
+    return RecomputeDeviation(mode="deviation", ratio=ratio)
+
+
+def attention_mode(ratio: float) -> RecomputeAttention:
+    return RecomputeAttention(mode="attention", ratio=ratio)
 
 
 @torch.inference_mode()
@@ -176,29 +188,29 @@ def run_item(
     def composes() -> None:
         for seam in arms.seams:
             name = compose_arm(seam)
-            logits[name], seconds[name], paths[name] = _timed_compose(
+            logits[name], seconds[name], paths[name] = timed_compose(
                 prefix, skill, seam, item.question
             )
         for name, ratio in arms.deviation_arms():
-            logits[name], seconds[name], paths[name] = _timed_compose(
-                prefix, skill, arms.recompute_seam, item.question, ratio
+            logits[name], seconds[name], paths[name] = timed_compose(
+                prefix, skill, arms.recompute_seam, item.question, deviation_mode(ratio)
             )
         for name, ratio in arms.ask_arms():
-            logits[name], seconds[name], paths[name] = ask_compose(
-                prefix, skill, arms.recompute_seam, item.question, ratio
+            logits[name], seconds[name], paths[name] = timed_compose(
+                prefix, skill, arms.recompute_seam, item.question, attention_mode(ratio)
             )
         if anchored is not None:
             name = anchored_arm(arms.recompute_seam)
-            logits[name], seconds[name], paths[name] = _timed_compose(
+            logits[name], seconds[name], paths[name] = timed_compose(
                 prefix, anchored, arms.recompute_seam, item.question
             )
             for name, ratio in arms.anchored_ask_arms():
-                logits[name], seconds[name], paths[name] = ask_compose(
-                    prefix, anchored, arms.recompute_seam, item.question, ratio
+                logits[name], seconds[name], paths[name] = timed_compose(
+                    prefix, anchored, arms.recompute_seam, item.question, attention_mode(ratio)
                 )
         name = control_arm(arms.control_seam)
         control = unrotated(engine, skill, at)
-        logits[name], seconds[name], paths[name] = _timed_compose(
+        logits[name], seconds[name], paths[name] = timed_compose(
             prefix, control, arms.control_seam, item.question
         )
 

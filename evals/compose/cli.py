@@ -23,8 +23,8 @@ a system prompt and some conversation, then a question prefilled fresh. Arms: fu
 recompute (the reference), compose with K = 0, 1, 4, 16, 64, compose K = 16 with selective
 recompute of 15% of the block (--recompute-ratios: the tokens whose KV deviates most in
 context at an early layer, after CacheBlend) and of the same share chosen by the question's
-attention (--ask-ratios, an eval arm), the skill compiled after an anchor such as the chat
-template's header (--anchor), a no-rotation control and no skill at all.
+attention (--ask-ratios, the server's attention mode), the skill compiled after an anchor
+such as the chat template's header (--anchor), a no-rotation control and no skill at all.
 Per arm, on the next-token logits after the question: KL(full || arm), raw and centred
 cosine, argmax agreement and the probability of the designated answer token (the routed
 team, the passage's fact, the right tool's name), also as a table per kind; TTFT of
@@ -113,8 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ask-ratios",
         type=_ratios,
         default=DEFAULT_RATIOS,
-        help="question-aware recompute ratios (an eval arm: the block tokens the question "
-        "attends to most), comma list, or 'none' (default "
+        help="question-aware recompute ratios (the server's attention mode: the block tokens "
+        "the question attends to most), comma list, or 'none' (default "
         f"{','.join(map(str, DEFAULT_RATIOS))}; also in --fast)",
     )
     parser.add_argument(

@@ -24,10 +24,11 @@ ARMS_TEXT = """\
   the server's `{"mode": "deviation"}`): the block's copied tokens are run in context
   through the first five layers, and the P% whose KV there deviates most from the copy are
   recomputed through every layer (definition: `server_adapter/recompute.py`).
-- `compose_kK_askP` (an eval arm, not a server mode): the same share of the block
-  recomputed the same way, chosen instead by the attention the question's queries give each
-  block token in the seam-only compose (summed over layers and heads): recompute what the
-  question needs. It needs the question at compose time and one extra question forward.
+- `compose_kK_askP`: the same share of the block recomputed the same way, chosen instead
+  by the attention the question's queries give each block token in the seam-only compose
+  (summed over layers and heads): recompute what the question needs, the server's
+  `{"mode": "attention"}` (definition: `server_adapter/attention_recompute.py`). It needs
+  the question in the request that composes and one extra forward of it.
 - `anchored_kK`: the plain compose of the skill compiled after an anchor (the run's
   `anchor` in the configuration; by default what the chat template puts before a user
   message's content) whose KV is dropped, so the block does not start a sequence of its
@@ -142,6 +143,8 @@ def sections(summary: dict[str, Any], arms: list[str], seams: list[int]) -> list
     if summary.get("anchored_targets"):
         anchored = targets_table(summary["anchored_targets"])
         out.append(("The same targets for the anchored compile", anchored))
+    for arm, rows in summary.get("recompute_targets", {}).items():
+        out.append((f"The same targets for `{arm}`", targets_table(rows)))
     out.append(("Arms", ARMS_TEXT))
     shown = [FULL, *[a for a in arms if a not in (FULL, NO_SKILL)], NO_SKILL]
     for kind in dict.fromkeys(c["kind"] for c in summary["cells"]):

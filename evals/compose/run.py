@@ -178,6 +178,11 @@ def run_compose_eval(options: ComposeOptions) -> Path:
         )
         if options.arm_set.anchored
         else [],
+        # The same targets for each selective-recompute arm (deviation and attention).
+        "recompute_targets": {
+            name: targets(cell_list, ttft_rows, options.control_seam, name)
+            for name, _ in options.arm_set.deviation_arms() + options.arm_set.ask_arms()
+        },
         "all_finite": all(a.finite for r in results for a in r.agreement.values()),
         "fallbacks": sum(p != "splice" for r in results for p in r.paths.values()),
     }

@@ -23,7 +23,7 @@ from leyline.server_adapter.session import SessionCache
 from leyline.server_adapter.skills import Skill, compile_skill
 
 from .anchor import anchor_text
-from .arms import _timed_compose
+from .arms import deviation_mode, timed_compose
 from .cases import CONTEXT_RESERVE, make_items, make_skill
 from .cli import _ints, _kinds
 from .measures import compare
@@ -42,7 +42,7 @@ def item_kls(
     try:
         for layer in layers:
             engine.recompute_selection_layer = layer
-            logits = _timed_compose(prefix, skill, seam, question, ratio)[0]
+            logits = timed_compose(prefix, skill, seam, question, deviation_mode(ratio))[0]
             out[layer] = compare(full, logits, answer).kl
     finally:
         engine.recompute_selection_layer = default

@@ -99,7 +99,7 @@ def _begin(backend: EngineBackend, turn: Turn[SessionCache]) -> _Begun:
     session = turn.handle
     edit = None
     if turn.plan is not None:  # through the backend: a compose needs its skills
-        edit = backend.execute_now(session, turn.plan, turn.allow_fallback)
+        edit = backend.execute_now(session, turn.plan, turn.allow_fallback, turn.prompt)
     edited = session.tokens
     if turn.spans is not None:
         spans = turn.spans

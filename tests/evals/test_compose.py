@@ -17,9 +17,8 @@ import torch
 
 from leyline.cli.main import main
 from leyline.evals.compose.anchor import anchor_text
-from leyline.evals.compose.arms import unrotated
+from leyline.evals.compose.arms import attention_mode, timed_compose, unrotated
 from leyline.evals.compose.cases import answer_token, make_items, make_skill
-from leyline.evals.compose.question import ask_compose
 from leyline.evals.compose.texts import KINDS
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.models import build_tiny_mla, load_model
@@ -80,9 +79,10 @@ def test_the_control_lands_unrotated_and_compose_rotates() -> None:
 
 @torch.inference_mode()
 def test_question_aware_recompute_of_the_whole_block_is_a_full_prefill() -> None:
-    """Tiny MLA (RANDOM WEIGHTS): the ask arm recomputing every copied token equals a
-    prefill of prefix + skill + question; a share of them differs from the seam-only
-    compose; the model's attention kernel is restored after the scoring forward."""
+    """Tiny MLA (RANDOM WEIGHTS): the ask arm (the server's attention mode, ranked by the
+    question that follows the block) recomputing every copied token equals a prefill of
+    prefix + skill + question; a share of them differs from the seam-only compose; the
+    model's attention implementation is left as it was."""
     engine = Engine(build_tiny_mla("v2"))
     kernel = engine.model.config._attn_implementation
     gen = torch.Generator().manual_seed(1)
@@ -98,13 +98,11 @@ def test_question_aware_recompute_of_the_whole_block_is_a_full_prefill() -> None
         a, b = torch.log_softmax(full.double(), -1), torch.log_softmax(logits.double(), -1)
         return float((a - b).abs().max())
 
-    everything, _, path = ask_compose(session, skill, 2, question, 1.0)
+    everything, _, path = timed_compose(session, skill, 2, question, attention_mode(1.0))
     assert path == "splice" and gap(everything) <= 1e-4
-    part, _, _ = ask_compose(session, skill, 2, question, 0.3)
-    seam_only = session.fork()
-    seam_only.compose(skill, len(prefix), seam_tokens=2)
-    seam_only.extend(question)
-    assert abs(gap(part) - gap(seam_only.next_token_logits())) > 1e-3
+    part, _, _ = timed_compose(session, skill, 2, question, attention_mode(0.3))
+    seam_only, _, _ = timed_compose(session, skill, 2, question)
+    assert abs(gap(part) - gap(seam_only)) > 1e-3
     assert engine.model.config._attn_implementation == kernel
 
 
@@ -177,6 +175,9 @@ def test_fast_run(fast_report: dict[str, Any]) -> None:
     assert all(m["anchored_compile_seconds"] > 0 for m in summary["memory"])
     first = summary["anchored_targets"][0]["target"]
     assert first == "policy: mean KL at anchored_k16, worst length"
+    judged = summary["recompute_targets"]
+    assert set(judged) == {"compose_k16_dev15", "compose_k16_ask15"}
+    assert judged["compose_k16_ask15"][0]["target"].startswith("policy: mean KL at compose_k16")
     for kind in ("policy", "tools"):
         mine = [r for r in records if r["kind"] == kind]
         assert _kl(mine, "anchored_k16") < _kl(mine, "compose_k0")

@@ -3,14 +3,17 @@
 For tests only, and not a model: no KV, no torch. It answers through
 ``httpx.MockTransport`` (no sockets) what the protocol says a server answers:
 
-* ``GET /leyline/v1/capabilities`` (``compose`` among the verbs unless ``compose=False``);
+* ``GET /leyline/v1/capabilities`` (``compose`` among the verbs unless ``compose=False``;
+  ``compose_recompute``: the recompute modes it accepts, ``none`` unless told);
 * ``POST /leyline/v1/tokenize`` with the toy rendering;
 * ``POST /leyline/v1/skills`` (tokens, text or messages -> id, num_tokens, content_hash; the
   same content under an id answers the skill it holds), ``GET`` / ``DELETE`` one;
 * ``POST /v1/chat/completions``: a chat request's ``leyline`` batch is resolved against the
   session (``resolve_batch``, skills included), applied (``apply_edits``), and the request's
   rendered prompt must extend the edited tokens; anything else is recorded in ``mismatches``
-  and answered as the reference server does (``reprefill`` / ``token_mismatch``). It
+  and answered as the reference server does (``reprefill`` / ``token_mismatch``); a
+  compose asking for a recompute mode it does not list is refused (``unsupported_option``,
+  as ``resolve_batch`` does) and otherwise only recorded: the toy has no KV to recompute. It
   "generates" ``reply N`` and caches the generation prompt and reply after the prompt, as a
   real server does (in the toy rendering they are exactly the reply message's tokens).
 """
@@ -35,6 +38,7 @@ from leyline.protocol import (
     LeylineError,
     LeylineResponse,
     Path,
+    RecomputeMode,
     Verb,
     apply_edits,
     replacement_spans,
@@ -64,8 +68,11 @@ class _Session:
 
 
 class ComposeServer:
-    def __init__(self, *, compose: bool = True) -> None:
+    def __init__(
+        self, *, compose: bool = True, recompute: tuple[RecomputeMode, ...] = (RecomputeMode.none,)
+    ) -> None:
         self.verbs = [Verb.splice, Verb.forget, Verb.erratum] + ([Verb.compose] if compose else [])
+        self.recompute_modes = recompute
         self.skills: dict[str, tuple[int, ...]] = {}
         self.registrations: list[dict[str, Any]] = []
         """Bodies of ``POST /leyline/v1/skills``, in order."""
@@ -117,7 +124,9 @@ class ComposeServer:
         try:
             if route == ("GET", "/leyline/v1/capabilities"):
                 verbs = [v.value for v in self.verbs]
-                return 200, {"protocol_version": "1.0", "verbs": verbs, "models": [MODEL]}
+                recompute = [m.value for m in self.recompute_modes]
+                caps = {"verbs": verbs, "models": [MODEL], "compose_recompute": recompute}
+                return 200, {"protocol_version": "1.0", **caps}
             if route == ("POST", "/leyline/v1/tokenize"):
                 return 200, self._tokenize(body)
             if route == ("POST", "/leyline/v1/skills") and Verb.compose in self.verbs:
@@ -240,6 +249,7 @@ class ComposeServer:
             spans=session.spans,
             supported=self.verbs,
             skill_tokens=self.skills.get,
+            recompute_modes=self.recompute_modes,
         )
         result = apply_edits(session.tokens, batch.edits)
         edited = list(result.tokens)

@@ -28,6 +28,10 @@ from leyline.policies.skills import block_of
 from leyline.protocol import (
     ComposeDirective,
     LeylineResponse,
+    RecomputeAttention,
+    RecomputeDeviation,
+    RecomputeMode,
+    RecomputeNone,
     SpliceDirective,
     TokenSpan,
     Verb,
@@ -325,3 +329,139 @@ def test_support_and_the_skill_an_error_names() -> None:
     assert failed_skills(error("unknown_skill", "directives[2].skill"), batch) == ["b"]
     assert failed_skills(error("skill_mismatch", None), batch) == ["a", "b"]
     assert failed_skills(error("unknown_session", "session"), batch) == []
+
+
+ATTENTION = RecomputeAttention(mode="attention", ratio=0.3)
+DEVIATION = RecomputeDeviation(mode="deviation", ratio=0.2)
+EVERY_MODE = (RecomputeMode.none, RecomputeMode.deviation, RecomputeMode.attention)
+
+
+def sent_composes(server: ComposeServer) -> list[dict[str, Any]]:
+    """The compose directives of the last chat request, as they went on the wire."""
+    directives = server.chats[-1].get("leyline", {}).get("directives") or []
+    return [d for d in directives if d["verb"] == "compose"]
+
+
+def test_a_compose_without_recompute_is_sent_as_before() -> None:
+    server = ComposeServer(recompute=EVERY_MODE)
+    library = registered(server)
+    entry = library.get("rules")
+    assert entry is not None and entry.recompute is None and entry.block().recompute is None
+    client = LeylineOpenAI(server.openai(), skills=library)
+    history: list[Any] = [system(), user("Fix the failing test.")]
+    ask(client, history)
+    cached = len(server.sessions[client.session].tokens)
+    history += [library.message("rules"), user("Which rule applies?")]
+    ask(client, history)
+    skill = entry.skill
+    assert composes(client) == [ComposeDirective(skill=skill, at=cached)]
+    # The wire JSON of a compose nobody asked a recompute for: the directive's defaults.
+    none = {"mode": "none"}
+    assert sent_composes(server) == [
+        {"verb": "compose", "skill": skill, "at": cached, "seam_tokens": 4, "recompute": none}
+    ]
+    assert client.records[-1].composed == (skill,) and server.mismatches == []
+
+
+def test_the_library_recompute_goes_in_each_compose_and_register_overrides_it() -> None:
+    server = ComposeServer(recompute=EVERY_MODE)
+    library = SkillLibrary(server.leyline(), recompute=ATTENTION)
+    rules = library.register("rules", RULES, role="user")
+    doc = library.register("doc", DOC, role="user", recompute=DEVIATION)
+    assert (rules.recompute, doc.recompute) == (ATTENTION, DEVIATION)
+    assert (rules.block().recompute, doc.block().recompute) == (ATTENTION, DEVIATION)
+    # Not part of the skill: the same block and id as a library that asks for none.
+    plain = SkillLibrary(server.leyline()).register("rules", RULES, role="user")
+    assert (plain.skill, plain.tokens) == (rules.skill, rules.tokens)
+    assert "recompute" not in server.registrations[0]
+
+    client = LeylineOpenAI(server.openai(), skills=library)
+    history: list[Any] = [system(), user("Fix the failing test.")]
+    ask(client, history)
+    for name, recompute, wire in (
+        ("rules", ATTENTION, {"mode": "attention", "ratio": 0.3}),
+        ("doc", DEVIATION, {"mode": "deviation", "ratio": 0.2}),
+    ):
+        cached = len(server.sessions[client.session].tokens)
+        history += [library.message(name), user(f"What does {name} say about this?")]
+        answer = ask(client, history)
+        skill = str(library.message(name)[SKILL_KEY])
+        assert composes(client) == [
+            ComposeDirective(skill=skill, at=cached, seam_tokens=4, recompute=recompute)
+        ]
+        assert sent_composes(server) == [
+            {"verb": "compose", "skill": skill, "at": cached, "seam_tokens": 4, "recompute": wire}
+        ]
+        record = client.records[-1]
+        assert (record.path, record.composed, record.resync) == ("splice", (skill,), None)
+        assert answer is not None and [b.skill for b in answer.composed] == [skill]
+    assert server.mismatches == [] and server.leaks == []
+
+
+def test_registering_again_with_another_recompute_updates_the_entry_only() -> None:
+    server = ComposeServer(recompute=EVERY_MODE)
+    library = registered(server)
+    first = library.get("rules")
+    assert first is not None
+    again = library.register("rules", RULES, role="user", recompute=ATTENTION)
+    assert len(server.registrations) == 1  # the server's block is the same: no request
+    assert (again.skill, again.tokens, again.info) == (first.skill, first.tokens, first.info)
+    assert again.recompute == ATTENTION and library.get("rules") is again
+    block = library.lookup(library.message("rules"))
+    assert block is not None and block.recompute == ATTENTION
+    assert library.register("rules", RULES, role="user", recompute=ATTENTION) is again
+    # Each register says the options of the composes to come: none given, the library's.
+    seam = library.register("rules", RULES, role="user", seam_tokens=8)
+    assert (seam.seam_tokens, seam.recompute) == (8, None)
+    block = library.lookup(library.message("rules"))
+    assert block is not None and (block.seam_tokens, block.recompute) == (8, None)
+    assert len(server.registrations) == 1
+
+
+def test_a_server_without_the_recompute_mode_gets_the_text() -> None:
+    server = ComposeServer()  # compose_recompute: none only
+    library = SkillLibrary(server.leyline(), recompute=ATTENTION)
+    library.register("rules", RULES, role="user")
+    library.register("doc", DOC, role="user", recompute=RecomputeNone(mode="none"))
+    client = LeylineOpenAI(server.openai(), skills=library)
+    history: list[Any] = [system(), user("Fix the failing test.")]
+    ask(client, history)
+    history += [library.message("rules"), user("Go.")]
+    ask(client, history)
+    record = client.records[-1]
+    # Not a compose the server would refuse (and a resync): the message is prefilled.
+    assert composes(client) == [] and (record.composed, record.resync) == ((), None)
+    assert server.chats[-1]["messages"][3] == {"role": "user", "content": RULES}
+    assert "rules" in library  # still registered: a server with the mode composes it
+    # A skill that asks for none (overriding the library) is composed here.
+    history += [library.message("doc"), user("And now?")]
+    ask(client, history)
+    skill = str(library.message("doc")[SKILL_KEY])
+    assert [d["recompute"] for d in sent_composes(server)] == [{"mode": "none"}]
+    assert client.records[-1].composed == (skill,) and client.records[-1].resync is None
+    assert server.mismatches == [] and server.leaks == []
+
+
+def test_the_async_library_carries_recompute_too() -> None:
+    server = ComposeServer(recompute=EVERY_MODE)
+
+    async def episode() -> tuple[AsyncSkillLibrary, AsyncLeylineOpenAI]:
+        library = AsyncSkillLibrary(server.async_leyline(), recompute=DEVIATION)
+        await library.register("rules", RULES, role="user", recompute=ATTENTION)
+        await library.register("doc", DOC, role="user")
+        client = AsyncLeylineOpenAI(server.async_openai(), skills=library)
+        history: list[Any] = [system(), user("Fix the failing test.")]
+        for extra in ([], [library.message("rules"), library.message("doc"), user("Go.")]):
+            history += extra
+            done = await client.chat.completions.create(model="toy", messages=history)
+            history.append(done.choices[0].message.model_dump(exclude_none=True))
+        return library, client
+
+    library, client = asyncio.run(episode())
+    ids = [str(library.message(name)[SKILL_KEY]) for name in ("rules", "doc")]
+    assert list(client.records[-1].composed) == ids
+    assert [(d["skill"], d["recompute"]) for d in sent_composes(server)] == [
+        (ids[0], {"mode": "attention", "ratio": 0.3}),
+        (ids[1], {"mode": "deviation", "ratio": 0.2}),
+    ]
+    assert server.mismatches == [] and server.leaks == []

@@ -25,6 +25,7 @@ from leyline.protocol import (
     MessagePoint,
     MessageSpan,
     Mode,
+    RecomputeAttention,
     RecomputeDeviation,
     RecomputeMode,
     RecomputeNone,
@@ -209,6 +210,16 @@ def test_compose_defaults_and_insertion_point_forms() -> None:
             ErrorCode.invalid_directive,
             "directives[0].recompute.ratio",
         ),
+        (
+            {"at": 0, "recompute": {"mode": "attention", "ratio": 0}},
+            ErrorCode.invalid_directive,
+            "directives[0].recompute.ratio",
+        ),
+        (
+            {"at": 0, "recompute": {"mode": "attention", "ratio": 0.2, "queries": 9}},
+            ErrorCode.invalid_directive,
+            "directives[0].recompute.queries",
+        ),
     ],
 )
 def test_malformed_compose_names_the_field(
@@ -237,6 +248,7 @@ def test_an_unknown_recompute_mode_is_not_called_a_verb() -> None:
             "at": 0,
             "recompute": {"mode": "deviation", "ratio": 0.3},
         },
+        {"verb": "compose", "skill": "s", "at": "end", "recompute": {"mode": "attention"}},
     ],
 )
 def test_compose_round_trips_and_validates_against_the_schema(data: dict[str, Any]) -> None:
@@ -258,6 +270,7 @@ def test_compose_round_trips_and_validates_against_the_schema(data: dict[str, An
         {"at": 0, "recompute": {"mode": "none", "ratio": 0.2}},
         {"at": 0, "recompute": {"ratio": 0.2}},
         {"at": 0, "recompute": {"mode": "deviation", "ratio": 0}},
+        {"at": 0, "recompute": {"mode": "attention", "ratio": 1.01}},
         {},
     ],
 )
@@ -394,6 +407,17 @@ def test_deviation_recompute_runs_where_the_server_executes_it() -> None:
     (compose,) = batch.composes
     assert compose.recompute == RecomputeDeviation(mode="deviation", ratio=0.5)
     assert compose.seam_tokens == 1
+
+
+def test_attention_recompute_runs_only_where_the_server_executes_it() -> None:
+    data = {"verb": "compose", "skill": "sql", "at": 0, "recompute": {"mode": "attention"}}
+    batch = resolve([data], recompute_modes={RecomputeMode.none, RecomputeMode.attention})
+    (compose,) = batch.composes
+    assert compose.recompute == RecomputeAttention(mode="attention", ratio=0.15)
+    with pytest.raises(LeylineError) as info:  # a server that executes deviation only
+        resolve([data], recompute_modes={RecomputeMode.none, RecomputeMode.deviation})
+    assert info.value.code is ErrorCode.unsupported_option
+    assert info.value.field == "directives[0].recompute.mode"
 
 
 def test_an_unsupported_option_is_refused_before_anything_resolves() -> None:

@@ -123,7 +123,7 @@ def test_a_deviation_compose_says_what_it_recomputed_and_equals_the_engines(
 
     with server.client() as http:
         caps = http.get(Routes.capabilities).json()
-        assert caps["compose_recompute"] == ["none", "deviation"]
+        assert caps["compose_recompute"] == ["none", "deviation", "attention"]
         skill = _skill(http, skill="rules-dev", text=RULES)
         made = _new_session(http, LOG)
         url = Routes.session.format(session=made["session"])
@@ -160,6 +160,69 @@ def test_a_deviation_compose_says_what_it_recomputed_and_equals_the_engines(
     assert got and all(math.isclose(lp, float(want[t]), abs_tol=2e-3) for t, lp in got.items())
     # The recompute changed the answer measurably: the seam-only compose is further off.
     assert max(abs(lp - float(seam_only[t])) for t, lp in got.items()) > 1e-2
+
+
+def test_an_attention_compose_in_a_turn_is_ranked_by_the_turns_question(server: Server) -> None:
+    """``recompute: attention`` in a completion turn that composes the block at the end of
+    the session and asks a question after it: the question ranks the block, so the reply's
+    first-token distribution is the engine's compose given that prompt as the sequence it
+    goes on to (tested against an independent computation in
+    ``tests/server_adapter/test_compose_attention.py``), and not the seam-only compose that
+    an ``apply`` batch (nothing after the block) would give."""
+    from leyline.protocol.directives import RecomputeAttention
+    from leyline.server_adapter.engine import Engine
+    from leyline.server_adapter.models import load_model
+    from leyline.server_adapter.session import SessionCache
+    from leyline.server_adapter.skills import compile_skill
+
+    with server.client() as http:
+        _skill(http, skill="rules-attn", text=RULES)
+        rules = http.get(Routes.skill.format(skill="rules-attn"), params={"tokens": "true"})
+        block = rules.json()["tokens"]
+        made = _new_session(http, LOG)
+        url = Routes.session.format(session=made["session"])
+        before = http.get(url, params={"tokens": "true"}).json()
+        at = len(before["tokens"])
+        question = http.post(
+            Routes.tokenize, json={"text": " Which rule says what to do after an edit?"}
+        ).json()["tokens"]
+        prompt = before["tokens"] + block + question
+        directive = {"verb": "compose", "skill": "rules-attn", "at": at, "seam_tokens": 4,
+                     "recompute": {"mode": "attention", "ratio": 0.25}}  # fmt: skip
+        body = {
+            "prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 5,
+            "leyline": {"session": made["session"], "base_revision": before["revision"],
+                        "directives": [directive]},
+        }  # fmt: skip
+        reply = http.post("/v1/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        edit = reply.json()["leyline"]
+        recomputed = math.ceil(0.25 * (len(block) - 4))
+        assert edit["path"] == "splice"
+        top = reply.json()["choices"][0]["logprobs"]["top_logprobs"][0]
+        got = {}
+        for text, lp in top.items():
+            ids = http.post(Routes.tokenize, json={"text": text}).json()["tokens"]
+            if len(ids) == 1:
+                got[int(ids[0])] = lp
+
+    engine = Engine(load_model("smollm2"))
+    compiled = compile_skill(engine, block, skill_id="x", tenant="t")
+
+    def expected(final: list[int] | None) -> tuple[torch.Tensor, int]:
+        session = SessionCache(engine)
+        session.prefill(before["tokens"])
+        report = session.compose(
+            compiled, at, seam_tokens=4, recompute=RecomputeAttention(mode="attention", ratio=0.25),
+            final_tokens=final,
+        )  # fmt: skip
+        session.prefill(prompt)
+        return torch.log_softmax(session.next_token_logits().double(), -1), report.prefilled_tokens
+
+    (want, prefilled), (unranked, seam_only) = expected(prompt), expected(None)
+    assert prefilled == 4 + recomputed and seam_only == 4
+    assert got and all(math.isclose(lp, float(want[t]), abs_tol=2e-3) for t, lp in got.items())
+    assert max(abs(lp - float(unranked[t])) for t, lp in got.items()) > 1e-2
 
 
 def test_an_anchored_skill_composed_after_its_anchor_is_a_prefill_of_both(
@@ -269,7 +332,7 @@ def test_a_rejected_compose_changes_nothing_and_skills_stay_with_their_tenant(
             ({"verb": "compose", "skill": "rules-own", "at": 3,
               "recompute": {"mode": "deviation", "ratio": 1.5}}, "invalid_directive"),
             ({"verb": "compose", "skill": "rules-own", "at": 3,
-              "recompute": {"mode": "attention"}}, "invalid_directive"),
+              "recompute": {"mode": "everything"}}, "invalid_directive"),
         ]:  # fmt: skip
             reply = http.post(
                 Routes.directives.format(session=sid),
