@@ -32,13 +32,13 @@ play the start of a sequence (servers whose capabilities say ``skill_anchors``).
 ``recompute=RecomputeAttention(mode="attention", ratio=0.3)``, on a server whose
 capabilities list ``attention`` in ``compose_recompute``, the question asked in the same
 turn (the tokens after the block in that request) ranks the block's tokens, and the 30% it
-attends to most are recomputed in context: on SmolLM2 that brought the passage KL against a
-full prefill from ~0.06-0.08 to ~0.015, at the cost of one forward of the question plus the
-recomputed tokens. It is a per-compose choice, not part of the skill: the server holds the
-same block whatever is asked, the id does not change, and registering a skill again with
-another ``recompute`` (or ``seam_tokens``) updates the remembered entry without a request.
-Where the server does not execute the mode asked, the middleware sends the message as text
-instead of a compose the server would refuse.
+attends to most are recomputed in context: on SmolLM2 that brought the KL against a full
+prefill to 0.002-0.027 (from up to 0.43), at the cost of one forward of the question plus
+the recomputed tokens (docs/evals-compose.md). It is a per-compose choice, not part of the
+skill: the server holds the same block whatever is asked, the id does not change, and
+registering a skill again with another ``recompute`` (or ``seam_tokens``) updates the
+remembered entry without a request. Where the server does not execute the mode asked, the
+middleware sends the message as text instead of a compose the server would refuse.
 
 Skill ids come from the name and the block (and the anchor, when sent): the same text gives
 the same id and content hash in every library and process (registering it again recomputes
