@@ -108,7 +108,8 @@ class Block:
     skill: Skill
     seam_tokens: int
     refine: Refiner | None = None
-    """Recomputes part of the copied rest once placed (``DeviationRecompute``), or None."""
+    """Recomputes part of the copied rest once placed (``DeviationRecompute``,
+    ``AttentionRecompute``), or None."""
 
 
 def supports_attention_recompute(engine: Engine) -> bool:

@@ -142,6 +142,8 @@ def compose(source: Source, view: View | None) -> dict[str, Any]:
                 {"mode": "none"},
                 {"mode": "deviation", "ratio": 0.15},
                 {"mode": "deviation", "ratio": 0},
+                {"mode": "attention", "ratio": 0.3},
+                {"mode": "attention", "ratio": 1.5},
                 {"mode": "bogus"},
                 {"mode": "none", "ratio": 0.5},
             ),
