@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from .algebra import Edit, apply_edits
 from .capabilities import PROTOCOL_VERSION, Capabilities, is_compatible
 from .client import LeylineClient
-from .directives import Mode, Verb
+from .directives import Mode, RecomputeMode, Verb
 from .envelope import ComposedBlock, LeylineResponse
 from .errors import ErrorCode, ErrorEnvelope, LeylineError
 from .resources import Routes, SessionInfo, SkillAnchor, skill_content_hash
@@ -57,6 +57,7 @@ class ConformanceSuite:
         )
         self.verbs: set[Verb] = set()
         self.skill_anchors = False
+        self.recompute_modes: set[RecomputeMode] = {RecomputeMode.none}
 
     def checks(self) -> list[tuple[str, Callable[[], None]]]:
         return [
@@ -72,6 +73,7 @@ class ConformanceSuite:
             ("unsupported verbs are refused, never ignored", self.check_unsupported),
             ("compose inserts a registered skill", self.check_compose),
             ("skill anchors are honoured or refused", self.check_skill_anchor),
+            ("recompute modes are executed or refused", self.check_recompute),
             ("a pin refuses edits that touch it and moves with others", self.check_retention),
             ("deleted sessions are gone", self.check_delete),
             ("schema is served", self.check_schema),
@@ -166,6 +168,7 @@ class ConformanceSuite:
         )
         self.verbs = set(caps.verbs)
         self.skill_anchors = caps.skill_anchors
+        self.recompute_modes = set(caps.compose_recompute)
         _expect(
             Verb.splice in self.verbs or Verb.forget in self.verbs,
             "the server executes neither splice nor forget",
@@ -322,6 +325,33 @@ class ConformanceSuite:
                 _expect(got.tokens == block and got.anchor == lead, "tokens or anchor differ")
                 raw = [{"verb": "compose", "skill": skill, "at": 4, "seam_tokens": 0}]
                 self._apply_and_compare(info, [Edit(4, 4, tuple(block))], raw)
+            finally:
+                with suppress(LeylineError):
+                    self.client.delete_skill(skill)
+
+    def check_recompute(self) -> None:
+        """Where compose is advertised: each selective recompute mode the capabilities list
+        runs (the block lands where the edit algebra puts it, mid-session so tokens follow
+        it); each one they do not list is refused with ``unsupported_option``, nothing
+        changed, never run as another mode."""
+        if Verb.compose not in self.verbs:
+            return
+        skill = f"conformance-{uuid.uuid4().hex[:10]}"
+        with self._session() as info:
+            assert info.tokens is not None
+            block = info.tokens[2:7]
+            self.client.create_skill(skill, tokens=block)
+            try:
+                for mode in (RecomputeMode.deviation, RecomputeMode.attention):
+                    now = self.client.get_session(info.session, include_tokens=True)
+                    recompute = {"mode": mode.value, "ratio": 0.5}
+                    raw = [{"verb": "compose", "skill": skill, "at": 4, "seam_tokens": 1,
+                            "recompute": recompute}]  # fmt: skip
+                    if mode in self.recompute_modes:
+                        self._apply_and_compare(now, [Edit(4, 4, tuple(block))], raw)
+                    else:
+                        body = {"base_revision": now.revision, "directives": raw}
+                        self._rejected(now, body, ErrorCode.unsupported_option)
             finally:
                 with suppress(LeylineError):
                     self.client.delete_skill(skill)

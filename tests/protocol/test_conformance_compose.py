@@ -38,9 +38,18 @@ MODEL = "fake"
 class FakeServer:
     """Sessions of token ids (text: one token per character) and skills, one tenant."""
 
-    def __init__(self, verbs: set[Verb], *, composed: bool = True) -> None:
+    def __init__(
+        self,
+        verbs: set[Verb],
+        *,
+        composed: bool = True,
+        listed: frozenset[RecomputeMode] = frozenset({RecomputeMode.none}),
+        executed: frozenset[RecomputeMode] | None = None,
+    ) -> None:
         self.verbs = verbs
         self.composed = composed  # False: a server that forgets to report blocks
+        self.listed = listed  # the recompute modes its capabilities list
+        self.executed = listed if executed is None else executed  # those it runs
         self.sessions: dict[str, tuple[list[int], int]] = {}
         self.skills: dict[str, SkillInfo] = {}
 
@@ -56,7 +65,8 @@ class FakeServer:
         full = request.url.params.get("tokens") == "true"
         match request.method, parts:
             case "GET", ["capabilities"]:
-                return httpx.Response(200, json={"verbs": sorted(self.verbs)})
+                caps = {"verbs": sorted(self.verbs), "compose_recompute": sorted(self.listed)}
+                return httpx.Response(200, json=caps)
             case "POST", ["sessions"]:
                 create = SessionCreate.model_validate(body)
                 assert create.session is not None and create.text is not None
@@ -132,7 +142,7 @@ class FakeServer:
             tokenize=lambda text: [ord(c) for c in text],
             supported=self.verbs,
             skill_tokens=skill_tokens,
-            recompute_modes=set(RecomputeMode),
+            recompute_modes=self.executed,
         )
         result = apply_edits(tokens, batch.edits)
         placed = replacement_spans(len(tokens), batch.edits)
@@ -184,6 +194,42 @@ def test_compose_check_catches_a_missing_composed_report() -> None:
     try:
         with pytest.raises(AssertionError, match="composed is"):
             suite.check_compose()
+    finally:
+        suite.close()
+    assert server.skills == {}
+
+
+SELECTIVE = frozenset(RecomputeMode)
+
+
+@pytest.mark.parametrize("listed", [frozenset({RecomputeMode.none}), SELECTIVE])
+def test_the_recompute_check_passes_where_listed_modes_run_and_others_are_refused(
+    listed: frozenset[RecomputeMode],
+) -> None:
+    server = FakeServer({Verb.splice, Verb.compose}, listed=listed)
+    suite = suite_for(server)
+    try:
+        suite.check_recompute()
+    finally:
+        suite.close()
+    assert server.sessions == {} and server.skills == {}
+
+
+@pytest.mark.parametrize(
+    ("listed", "executed", "failure"),
+    [
+        (frozenset({RecomputeMode.none}), SELECTIVE, "accepted"),  # runs what it hides
+        (SELECTIVE, frozenset({RecomputeMode.none}), "HTTP 501"),  # lists what it refuses
+    ],
+)
+def test_the_recompute_check_catches_a_server_whose_capabilities_lie(
+    listed: frozenset[RecomputeMode], executed: frozenset[RecomputeMode], failure: str
+) -> None:
+    server = FakeServer({Verb.splice, Verb.compose}, listed=listed, executed=executed)
+    suite = suite_for(server)
+    try:
+        with pytest.raises(AssertionError, match=failure):
+            suite.check_recompute()
     finally:
         suite.close()
     assert server.skills == {}
