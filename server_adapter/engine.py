@@ -109,9 +109,12 @@ class Engine:
     def vocab_size(self) -> int:
         return int(self.model.config.vocab_size)
 
-    def forward(self, kv: KVCache, tokens: Sequence[int]) -> tuple[KVCache, torch.Tensor]:
-        """New KV of ``kv`` + ``tokens`` (``kv`` itself is only read) and next-token logits."""
-        return forward_tokens(self.model, kv, tokens, chunk=self.prefill_chunk)
+    def forward(
+        self, kv: KVCache, tokens: Sequence[int], *, reserve: int = 0
+    ) -> tuple[KVCache, torch.Tensor]:
+        """New KV of ``kv`` + ``tokens`` (``kv`` itself is only read) and next-token logits;
+        ``reserve``: positions of room left past them in the new buffers."""
+        return forward_tokens(self.model, kv, tokens, chunk=self.prefill_chunk, reserve=reserve)
 
     def forward_into(self, buffers: KVBuffers, length: int, tokens: Sequence[int]) -> torch.Tensor:
         """Prefill ``tokens`` in place after the first ``length`` buffered positions."""

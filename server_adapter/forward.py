@@ -229,15 +229,21 @@ def forward_tokens(
     tokens: Sequence[int],
     *,
     chunk: int = DEFAULT_PREFILL_CHUNK,
+    reserve: int = 0,
 ) -> tuple[KVCache, torch.Tensor]:
-    """New KV of ``kv`` followed by ``tokens`` (one copy of ``kv``), and the next-token logits."""
+    """New KV of ``kv`` followed by ``tokens`` (one copy of ``kv``), and the next-token logits.
+
+    ``reserve``: positions of room left in the new buffers past the result (views of their
+    start), e.g. for a generation to decode into without copying the cache again."""
+    if reserve < 0:
+        raise ValueError(f"reserve must be >= 0, got {reserve}")
     length = kv_length(kv)
     total = length + len(tokens)
-    buffers = new_buffers(kv, total)
+    buffers = new_buffers(kv, total + reserve)
     for layer, slots in zip(kv, buffers, strict=True):
         for src, dst in zip(layer, slots, strict=True):
             dst[..., :length, :].copy_(src)
-    logits = forward_into(model, buffers, length, tokens, capacity=total, chunk=chunk)
+    logits = forward_into(model, buffers, length, tokens, capacity=total + reserve, chunk=chunk)
     return filled(buffers, total), logits
 
 

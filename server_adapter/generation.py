@@ -18,6 +18,7 @@ import torch
 
 from leyline.protocol.errors import ErrorCode, LeylineError
 
+from .buffer_views import has_room, resized
 from .forward import KVBuffers, filled, new_buffers
 from .reports import TokenChoice
 from .sampling import FinishReason, SamplingParams, choose_token, find_stop, token_logprobs
@@ -49,7 +50,11 @@ class Decoder:
     ``choose()`` samples from the current logits and says whether the generation goes on;
     if it does, the caller runs the chosen token (:attr:`pending`) at position
     :attr:`length` of :attr:`buffers` and hands the logits to ``advance()``. ``result()``
-    ends it. The buffers are the generation's own: the session's KV is only read.
+    ends it. The buffers are the generation's own: the state's KV is only read.
+
+    ``in_place``: the caller owns the state's buffers and lends them; where they have room
+    for the whole budget, the decoder writes past the state's KV in them (never before it)
+    instead of copying the cache into new ones (:attr:`in_place` says which it did).
     """
 
     def __init__(
@@ -58,6 +63,8 @@ class Decoder:
         state: SessionState,
         params: SamplingParams,
         on_token: OnToken | None,
+        *,
+        in_place: bool = False,
     ) -> None:
         n0 = len(state.tokens)
         budget = params.max_new_tokens
@@ -75,10 +82,17 @@ class Decoder:
         self.engine, self.state, self.params, self.on_token = engine, state, params, on_token
         self.budget = budget
         self.stops = set(params.stop_token_ids or engine.loaded.eos_token_ids)
-        self.buffers: KVBuffers = new_buffers(state.kv, n0 + budget - 1)  # last stays pending
-        for layer, slots in zip(state.kv, self.buffers, strict=True):
-            for src, dst in zip(layer, slots, strict=True):
-                dst[..., :n0, :].copy_(src)
+        need = n0 + budget - 1  # the last token stays pending
+        room = in_place and state.kv_length == n0 and has_room(state.kv, need)
+        self.in_place = room
+        self.buffers: KVBuffers
+        if room:
+            self.buffers = [[resized(t, need) for t in layer] for layer in state.kv]
+        else:
+            self.buffers = new_buffers(state.kv, need)
+            for layer, slots in zip(state.kv, self.buffers, strict=True):
+                for src, dst in zip(layer, slots, strict=True):
+                    dst[..., :n0, :].copy_(src)
         self.generator = params.generator()
         self.logits: torch.Tensor = state.logits
         self.length = n0
@@ -124,7 +138,10 @@ class Decoder:
         self.logits = logits
         self.length += 1
 
-    def result(self) -> Decoded:
+    def result(self, *, owns_kv: bool = True) -> Decoded:
+        """The state after the generation; ``owns_kv``: whether nobody else holds its
+        buffers (always true of a copy; of lent buffers, as long as the lender was not
+        forked meanwhile)."""
         state = self.state
         n0 = len(state.tokens)
         kv = filled(self.buffers, self.length)
@@ -136,7 +153,7 @@ class Decoder:
             state.revision + 1,
             state.spans,
             exact,
-            owns_kv=True,
+            owns_kv=owns_kv or not self.in_place,
         )
         return Decoded(new, self.out, self.choices, self.finish, self.cut)
 

@@ -46,6 +46,7 @@ from transformers.cache_utils import DynamicLayer
 
 from leyline.protocol.algebra import EditResult, Run
 
+from .buffer_views import capacity, resized
 from .forward import DEFAULT_PREFILL_CHUNK, KVBuffers, causal_mask_at, query_runs
 from .kv_blocks import KVCache
 from .layouts import CacheLayout
@@ -73,31 +74,6 @@ def in_place_layout(layout: CacheLayout | None, rope: RopeSpec | None, grouped: 
     query's rotary band is the key's, so a counter-rotation is exact), and the engine's own
     attention function (``grouped``), which is where the segments are read."""
     return grouped and layout is not None and rope is not None and layout.kind == "gqa"
-
-
-def capacity(t: torch.Tensor) -> int | None:
-    """Positions the buffer behind ``t`` (a ``[1, heads, length, d]`` view of the start of a
-    contiguous ``[1, heads, capacity, d]`` tensor) holds, or None for any other view."""
-    if t.dim() != 4 or t.shape[0] != 1 or t.storage_offset() != 0:
-        return None
-    heads, d = int(t.shape[1]), int(t.shape[3])
-    if t.stride(3) != 1 or t.stride(2) != d:
-        return None
-    cap = (
-        int(t.stride(1)) // d
-        if heads > 1
-        else int(t.untyped_storage().nbytes()) // (d * t.element_size())
-    )
-    if cap < t.shape[2] or heads * cap * d * t.element_size() > t.untyped_storage().nbytes():
-        return None
-    return cap
-
-
-def _resized(t: torch.Tensor, length: int) -> torch.Tensor:
-    """The view of the first ``length`` positions of ``t``'s buffer (within its capacity)."""
-    shape = (*t.shape[:2], length, t.shape[3])
-    stride = (t.stride(0), t.stride(1) if t.shape[1] > 1 else length * t.shape[3], *t.stride()[2:])
-    return t.as_strided(shape, stride, 0)
 
 
 def edit_in_place(
@@ -136,8 +112,8 @@ def edit_in_place(
         logits = _forward_beside(model, layout, rope, kv, side, runs, positions, tokens, chunk)
     # -- phase 2: nothing below can fail on valid input ---------------------------------------
     span = max(total, int(kv[0][0].shape[2]))  # views reaching a growing batch's new end
-    _move_kept(tuple(tuple(_resized(t, span) for t in layer) for layer in kv), runs, layout, rope)
-    new_kv = tuple(tuple(_resized(t, total) for t in layer) for layer in kv)
+    _move_kept(tuple(tuple(resized(t, span) for t in layer) for layer in kv), runs, layout, rope)
+    new_kv = tuple(tuple(resized(t, total) for t in layer) for layer in kv)
     if positions:
         index = torch.tensor(positions, dtype=torch.long)
         for layer, side_layer in zip(new_kv, side, strict=True):

@@ -99,14 +99,20 @@ class SessionCache:
 
     # -- prefill -------------------------------------------------------------------------
 
-    def prefill(self, tokens: Sequence[int], *, spans: Sequence[MessageSpan] = ()) -> OpReport:
-        """Make ``tokens`` the cached sequence, reusing the longest cached prefix."""
+    def prefill(
+        self, tokens: Sequence[int], *, spans: Sequence[MessageSpan] = (), reserve: int = 0
+    ) -> OpReport:
+        """Make ``tokens`` the cached sequence, reusing the longest cached prefix.
+
+        ``reserve``: when new KV is computed, leave room for that many more positions in
+        its buffers, so that a generation of up to ``reserve`` tokens decodes into them
+        instead of copying the cache once more (:meth:`begin_generation`)."""
         with self._lock:
             t0 = time.perf_counter()
             state = self._state
             new_tokens = tuple(int(t) for t in tokens)
             check_tokens(new_tokens, self.engine.vocab_size, self.engine.limits, "tokens")
-            new_state, report = self._prefill_state(state, new_tokens, tuple(spans))
+            new_state, report = self._prefill_state(state, new_tokens, tuple(spans), reserve)
             if new_tokens[: len(state.tokens)] != state.tokens:
                 self._lineages.realigned(state.tokens, new_tokens)
             self._commit(new_state)
@@ -120,7 +126,11 @@ class SessionCache:
             return self.prefill(self._state.tokens + tuple(tokens), spans=self._state.spans)
 
     def _prefill_state(
-        self, state: SessionState, tokens: tuple[int, ...], spans: tuple[MessageSpan, ...]
+        self,
+        state: SessionState,
+        tokens: tuple[int, ...],
+        spans: tuple[MessageSpan, ...],
+        reserve: int = 0,
     ) -> tuple[SessionState, OpReport]:
         n = len(tokens)
         if n == 0:
@@ -154,7 +164,7 @@ class SessionCache:
             usable = min(hit.matched_tokens, n - 1)
             if hit.kv is not None and usable > reuse:
                 base, reuse, exact, extends = slice_kv(hit.kv, 0, usable), usable, usable, True
-        kv, logits = self.engine.forward(base, tokens[reuse:])
+        kv, logits = self.engine.forward(base, tokens[reuse:], reserve=reserve)
         revision = state.revision if tokens == state.tokens else state.revision + 1
         exact = n if exact == reuse else exact
         new = SessionState(tokens, kv, logits, revision, spans, exact, owns_kv=True)
@@ -212,7 +222,12 @@ class SessionCache:
     ) -> PendingGeneration:
         """A generation after the cached sequence, not yet run: its :class:`Decoder` is
         stepped by the caller (alone, or batched with other sessions' by the scheduler),
-        then :meth:`finish_generation` commits it. The session is unchanged until then."""
+        then :meth:`finish_generation` commits it. The session is unchanged until then.
+
+        Where the session owns its KV buffers and they have room for the whole budget (a
+        ``prefill(..., reserve=)``), the decoder writes past the session's KV in those same
+        buffers instead of copying the cache; until it commits, the session then marks its
+        KV shared (no in-place edit may move it under the decoder)."""
         params = params or SamplingParams()
         with self._lock:
             t0 = time.perf_counter()
@@ -222,7 +237,10 @@ class SessionCache:
             prefill = OpReport(
                 Path.prefix_hit, before.revision, len(before.tokens) - pending, pending
             )
-            decoder = Decoder(self.engine, state, params, on_token)
+            lend = state is before and before.owns_kv
+            decoder = Decoder(self.engine, state, params, on_token, in_place=lend)
+            if decoder.in_place:
+                self._state = before = replace(before, owns_kv=False)
             return PendingGeneration(self, before, decoder, prefill, t0)
 
     def finish_generation(self, pending: PendingGeneration) -> GenerationResult:
@@ -230,7 +248,9 @@ class SessionCache:
         with self._lock:
             if pending.session is not self or not _unchanged(self._state, pending.before):
                 raise RuntimeError("the session changed while its generation ran")
-            done = pending.decoder.result()
+            # Decoded in the session's own buffers: still its alone unless forked since.
+            alone = not pending.decoder.in_place or self._state is pending.before
+            done = pending.decoder.result(owns_kv=alone)
             self._commit(done.state)
             out = done.tokens
             stops = pending.decoder.stops

@@ -106,6 +106,7 @@ def _begin(backend: EngineBackend, turn: Turn[SessionCache]) -> _Begun:
     else:  # token ids: the messages the prompt still holds keep their spans
         kept = common_prefix(edited, turn.prompt)
         spans = tuple(span for span in session.spans if span.end <= kept)
-    prefill = session.prefill(turn.prompt, spans=spans)
+    # Room for the reply in the new KV's buffers: the decoder writes there, no second copy.
+    prefill = session.prefill(turn.prompt, spans=spans, reserve=turn.params.max_new_tokens)
     pending = session.begin_generation(turn.params, on_token=turn.on_token)
     return _Begun(edit, prefill, edited, spans, pending)

@@ -16,9 +16,10 @@ from transformers import DynamicCache
 from leyline.protocol.algebra import Edit, apply_edits
 from leyline.protocol.directives import Mode
 from leyline.server_adapter import in_place_edit, rope_kernel
+from leyline.server_adapter.buffer_views import capacity
 from leyline.server_adapter.engine import IN_PLACE_SWITCH, Engine
 from leyline.server_adapter.forward import prefill_at
-from leyline.server_adapter.in_place_edit import capacity, segment_runs
+from leyline.server_adapter.in_place_edit import segment_runs
 from leyline.server_adapter.kv_blocks import KVCache
 from leyline.server_adapter.rope import rotate_into_eager
 from leyline.server_adapter.sampling import SamplingParams
