@@ -164,7 +164,9 @@ class SessionCache:
             usable = min(hit.matched_tokens, n - 1)
             if hit.kv is not None and usable > reuse:
                 base, reuse, exact, extends = slice_kv(hit.kv, 0, usable), usable, usable, True
-        kv, logits = self.engine.forward(base, tokens[reuse:], reserve=reserve)
+        cap = self.engine.limits.max_session_tokens  # no generation goes past it
+        room = reserve if cap is None else max(0, min(reserve, cap - n))
+        kv, logits = self.engine.forward(base, tokens[reuse:], reserve=room)
         revision = state.revision if tokens == state.tokens else state.revision + 1
         exact = n if exact == reuse else exact
         new = SessionState(tokens, kv, logits, revision, spans, exact, owns_kv=True)

@@ -46,6 +46,10 @@ def test_a_prefill_reserves_room_past_the_sequence(engine: Engine) -> None:
     assert torch.equal(roomy.next_token_logits(), tight.next_token_logits())
     with pytest.raises(ValueError, match="reserve"):
         engine.forward((), [5, 6], reserve=-1)
+    cap = engine.limits.max_session_tokens
+    assert cap is not None
+    capped = _session(engine, 10 * cap)  # never room past what a generation may reach
+    assert {capacity(t) for layer in capped.kv for t in layer} == {cap}
 
 
 def test_the_generation_decodes_in_the_reserved_room_as_the_copy_would(engine: Engine) -> None:
