@@ -7,7 +7,7 @@ The paper's tuple ``(start, end, replacement, mode)`` maps exactly onto ``splice
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -95,17 +95,24 @@ class RecomputeNone(_Directive):
     mode: Literal["none"]
 
 
-class RecomputeDeviation(_Directive):
-    """Also recompute the block tokens whose KV deviates most in context (after CacheBlend)."""
-
-    mode: Literal["deviation"]
-    ratio: float = Field(
+def _ratio_field(chosen: str) -> Any:
+    """A selective mode's ``ratio``: a fraction in (0, 1], default 0.15, and how it picks."""
+    return Field(
         default=0.15,
         gt=0.0,
         le=1.0,
         allow_inf_nan=False,
         description="Fraction of the block's tokens past the seam to recompute (rounded up), "
-        "chosen as those whose KV deviates most from their in-context KV at an early layer.",
+        + chosen,
+    )
+
+
+class RecomputeDeviation(_Directive):
+    """Also recompute the block tokens whose KV deviates most in context (after CacheBlend)."""
+
+    mode: Literal["deviation"]
+    ratio: float = _ratio_field(
+        "chosen as those whose KV deviates most from their in-context KV at an early layer."
     )
 
 
@@ -113,14 +120,9 @@ class RecomputeAttention(_Directive):
     """Also recompute the block tokens that the tokens after the block read most."""
 
     mode: Literal["attention"]
-    ratio: float = Field(
-        default=0.15,
-        gt=0.0,
-        le=1.0,
-        allow_inf_nan=False,
-        description="Fraction of the block's tokens past the seam to recompute (rounded up), "
+    ratio: float = _ratio_field(
         "chosen as those the tokens following the block in this request (a turn's question) "
-        "give the most attention to. Nothing follows the block: only the seam is recomputed.",
+        "give the most attention to. Nothing follows the block: only the seam is recomputed."
     )
 
 

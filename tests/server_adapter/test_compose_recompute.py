@@ -116,27 +116,81 @@ def reference(
         ]
         for i in range(layers)
     ]  # fmt: skip
-    sequence = list(tokens[:at]) + list(skill)
-    for p in chosen:  # one token at a time: it sees positions < p as they now are
+    recompute_in_order(model, cache, list(tokens[:at]) + list(skill), chosen)
+    return with_downstream(name, model, cache, old, at, n), chosen
+
+
+@torch.no_grad()
+def recompute_in_order(
+    model: PreTrainedModel,
+    cache: list[list[torch.Tensor]],
+    sequence: Sequence[int],
+    chosen: Sequence[int],
+) -> None:
+    """Recompute ``chosen`` positions of ``cache`` (per layer: keys, values) in place, one
+    token at a time in position order: each sees positions before it as they now are
+    (causal, so this equals recomputing them all at once)."""
+    for p in chosen:
         dc = DynamicCache()
-        for i in range(layers):
-            dc.update(cache[i][0][..., :p, :].clone(), cache[i][1][..., :p, :].clone(), i)
+        for i, (keys, values) in enumerate(cache):
+            dc.update(keys[..., :p, :].clone(), values[..., :p, :].clone(), i)
         ids = torch.tensor([[sequence[p]]])
         model(input_ids=ids, position_ids=torch.tensor([[p]]), cache=dc, use_cache=True)
         for i, layer in enumerate(dc.layers):
             assert layer.keys is not None and layer.values is not None
             cache[i][0][..., p, :] = layer.keys[..., p, :]
             cache[i][1][..., p, :] = layer.values[..., p, :]
+
+
+def with_downstream(
+    name: str,
+    model: PreTrainedModel,
+    cache: list[list[torch.Tensor]],
+    old: KVCache,
+    at: int,
+    n: int,
+) -> KVCache:
+    """``cache`` (the sequence up to the block's end) followed by the session's KV from
+    ``at`` on (``old``), its keys rotated by the block's length ``n`` (AMORTIZE)."""
+    slot, pairing = ROPE_BAND[name]
+    theta = _theta(model)
     out = []
-    for i in range(layers):
+    for i, slots in enumerate(cache):
         parts = []
         for c in range(2):
             down = old[i][c][..., at:, :]
             if c == slot:
                 down = _rotate(down, n, theta, pairing)
-            parts.append(torch.cat([cache[i][c], down], dim=-2))
+            parts.append(torch.cat([slots[c], down], dim=-2))
         out.append(tuple(parts))
-    return tuple(out), chosen
+    return tuple(out)
+
+
+def check_against(
+    session: SessionCache,
+    model: PreTrainedModel,
+    ref: KVCache,
+    lowest: KVCache,
+    suffix: Sequence[int],
+) -> None:
+    """The composed ``session`` against the reference KV ``ref``: KV within 1e-5, next-token
+    logits and those after ``suffix`` within ``TOL``; the ``lowest`` control (the least
+    chosen tokens recomputed instead) far from it, so the selection matters."""
+    for got, want in zip(session.kv, ref, strict=True):
+        for s in range(2):
+            assert rel_err(got[s], want[s]) <= 1e-5
+    last = [session.tokens[-1]]
+    figures = {"next": top_logprob_gap(logits_after(model, _drop_last(ref), last),
+                                       session.next_token_logits())}  # fmt: skip
+    figures["lowest"] = top_logprob_gap(
+        logits_after(model, _drop_last(lowest), last), session.next_token_logits()
+    )
+    session.extend(suffix)
+    figures["suffix"] = top_logprob_gap(
+        logits_after(model, _drop_last(ref), last + suffix), session.next_token_logits()
+    )
+    assert figures["next"] <= TOL and figures["suffix"] <= TOL, figures
+    assert figures["lowest"] > 100 * TOL, figures
 
 
 def _composed(
@@ -176,23 +230,9 @@ def test_deviation_compose_equals_the_definition(
     model = engine.model
     ref, chosen = reference(name, model, tokens, skill, at, seam, ratio, layer=layer)
     assert 1 < len(chosen) < len(skill) - seam
-    for got, want in zip(session.kv, ref, strict=True):
-        for s in range(2):
-            assert rel_err(got[s], want[s]) <= 1e-5
-    last = [session.tokens[-1]]
-    figures = {"next": top_logprob_gap(logits_after(model, _drop_last(ref), last),
-                                       session.next_token_logits())}  # fmt: skip
     wrong, _ = reference(name, model, tokens, skill, at, seam, ratio, lowest=True, layer=layer)
-    figures["lowest"] = top_logprob_gap(
-        logits_after(model, _drop_last(wrong), last), session.next_token_logits()
-    )
-    session.extend(suffix)
-    figures["suffix"] = top_logprob_gap(
-        logits_after(model, _drop_last(ref), last + suffix), session.next_token_logits()
-    )
-    assert figures["next"] <= TOL and figures["suffix"] <= TOL, figures
     # Recomputing the least deviating tokens instead is far from it: the selection matters.
-    assert figures["lowest"] > 100 * TOL, figures
+    check_against(session, model, ref, wrong, suffix)
 
 
 def test_ratio_one_equals_a_full_prefill(case: tuple[str, Engine]) -> None:
