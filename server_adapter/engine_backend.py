@@ -241,7 +241,7 @@ class EngineBackend:
     def list_skills(self, tenant: str) -> list[SkillInfo]:
         return [self._info(s, include_tokens=False) for s in self.skills.of_tenant(tenant)]
 
-    def delete_skill(self, tenant: str, skill_id: str) -> None:
+    async def delete_skill(self, tenant: str, skill_id: str) -> None:
         self.skills.remove(tenant, skill_id)
         self._labels.pop((tenant, skill_id), None)
 

@@ -125,6 +125,6 @@ class Backend(Protocol[H]):
 
     def list_skills(self, tenant: str) -> list[SkillInfo]: ...
 
-    def delete_skill(self, tenant: str, skill_id: str) -> None:
+    async def delete_skill(self, tenant: str, skill_id: str) -> None:
         """Raises ``LeylineError(unknown_skill)``."""
         ...

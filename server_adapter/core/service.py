@@ -228,7 +228,7 @@ class SessionService(Generic[H]):
 
     async def delete_skill(self, tenant: str, skill_id: str) -> None:
         self._require_skills()
-        self.backend.delete_skill(tenant, skill_id)
+        await self.backend.delete_skill(tenant, skill_id)
 
     def _require_skills(self) -> None:
         if Verb.compose not in self.verbs:

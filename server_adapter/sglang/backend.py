@@ -13,6 +13,7 @@ Imports neither torch nor SGLang: the link is the only part that talks to SGLang
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -36,13 +37,15 @@ from ..core.backend import Rendered, SkillLabel
 from ..core.batch import EditPlan, SessionView, common_prefix
 from ..core.report import OpReport
 from ..core.retention import MARKING_VERBS
+from ..core.sessions import DEFAULT_TENANT
 from ..errors import SpliceUnsupportedError
+from .skill_store import HeldSkill, SkillHolds
 
 if TYPE_CHECKING:
     from ..chat.render import ChatRenderer
     from ..http.openai_types import ChatMessage, ToolSpec
 
-EXECUTED_VERBS = (Verb.splice, Verb.forget, Verb.erratum)
+EXECUTED_VERBS = (Verb.splice, Verb.forget, Verb.erratum, Verb.compose)
 #: The cache layouts the scheduler side can rotate (``kv_rows``).
 LAYOUTS = ("mla", "gqa")
 
@@ -64,15 +67,51 @@ class SchedulerAnswer:
     message: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class BlockSource:
+    """A composed block in the new sequence, and the cached tokens its KV is read from."""
+
+    start: int
+    end: int
+    source: tuple[int, ...]
+    """The skill's tokens as the tree holds them (public namespace): anchor, then block."""
+    offset: int
+    """Where the block starts in ``source`` (the anchor's length)."""
+    seam: int
+    """Leading block tokens prefilled in context (``min(K, n)``)."""
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self.source[self.offset :]
+
+
 class SchedulerLink(Protocol):
     async def send(
-        self, verb: str, old_tokens: Sequence[int], edits: Sequence[Edit]
+        self,
+        verb: str,
+        old_tokens: Sequence[int],
+        edits: Sequence[Edit],
+        *,
+        blocks: Sequence[BlockSource] = (),
+        old_salt: str | None = None,
+        new_salt: str | None = None,
     ) -> SchedulerAnswer:
-        """Run ``splice`` or ``forget`` of ``edits`` on the cached ``old_tokens``."""
+        """Run ``splice`` or ``forget`` of ``edits`` on the cached ``old_tokens`` (in the
+        namespace ``old_salt``; a splice builds the new sequence in ``new_salt``'s)."""
         ...
 
-    async def prefill(self, tokens: Sequence[int]) -> None:
-        """Run an ordinary generate over ``tokens`` so the tree caches them."""
+    async def prefill(self, tokens: Sequence[int], salt: str | None = None) -> None:
+        """Run an ordinary generate over ``tokens`` so the tree caches them (under ``salt``)."""
+        ...
+
+    async def hold(self, key: str, tokens: Sequence[int]) -> int:
+        """Lock what the tree holds of ``tokens`` under ``key`` (replacing that key's lock);
+        returns how many tokens that is. Raises ``LeylineError(limit_exceeded)`` past the
+        scheduler's share for held sequences."""
+        ...
+
+    async def release(self, key: str) -> None:
+        """Let ``key``'s lock go."""
         ...
 
 
@@ -81,6 +120,10 @@ class SglangSession:
     """The handle: the protocol state only (the tree holds the KV, shared by tokens)."""
 
     view: SessionView = field(default_factory=SessionView)
+    salt: str | None = None
+    """The session's own cache namespace (SGLang's ``cache_salt``) once it has composed: a
+    composed sequence is not a prefill of its tokens, so no other request may match it
+    (protocol 3.4). None: the public namespace, shared by every request."""
 
 
 class SglangBackend:
@@ -101,6 +144,7 @@ class SglangBackend:
         self._vocab_size = vocab_size
         self.model_name = model_name
         self._renderer: ChatRenderer | None = None
+        self.skills = SkillHolds(link, model_name or "sglang")
 
     @property
     def limits(self) -> Limits:
@@ -122,6 +166,9 @@ class SglangBackend:
             # (``open``): a session's cache_salt is refused rather than ignored.
             tenants=False,
             cache_salt=False,
+            # The block's keys are the tree's prefill after its anchor, rotated like any
+            # kept run; selective recompute is not built here (``none`` only).
+            skill_anchors=True,
         )
 
     def _require_tokenizer(self, field_name: str) -> Any:
@@ -179,10 +226,10 @@ class SglangBackend:
         )
         return Rendered(out.tokens, out.spans)
 
-    # -- skills: compose is not executed here (docs/sglang.md), so none are kept ---------
+    # -- skills: the tree's own prefill of each, locked while registered (skill_store) --
 
     def skill_tokens(self, tenant: str) -> SkillTokens | None:
-        return None
+        return self.skills.tokens_of(tenant)
 
     async def register_skill(
         self,
@@ -193,16 +240,17 @@ class SglangBackend:
         *,
         anchor: Sequence[int] = (),
     ) -> SkillInfo:
-        raise _no_compose()
+        skill = await self.skills.register(tenant, skill_id, tokens, label, anchor)
+        return skill.info(include_tokens=False)
 
     def skill_info(self, tenant: str, skill_id: str, include_tokens: bool) -> SkillInfo:
-        raise _no_compose()
+        return self.skills.get(tenant, skill_id).info(include_tokens)
 
     def list_skills(self, tenant: str) -> list[SkillInfo]:
-        raise _no_compose()
+        return [s.info(include_tokens=False) for s in self.skills.of_tenant(tenant)]
 
-    def delete_skill(self, tenant: str, skill_id: str) -> None:
-        raise _no_compose()
+    async def delete_skill(self, tenant: str, skill_id: str) -> None:
+        await self.skills.delete(tenant, skill_id)
 
     # -- handles ------------------------------------------------------------------------
 
@@ -225,7 +273,7 @@ class SglangBackend:
     ) -> OpReport:
         old, new = handle.view, tuple(int(t) for t in tokens)
         if new:
-            await self.link.prefill(new)
+            await self.link.prefill(new, handle.salt)
         shared = common_prefix(old.tokens, new)
         revision = old.revision if new == old.tokens else old.revision + 1
         handle.view = SessionView(new, revision, tuple(spans))
@@ -243,22 +291,59 @@ class SglangBackend:
         result = plan.result
         forget_from = plan.forget_from
         if forget_from is not None:
-            out = _checked(await self.link.send("forget", base.tokens, plan.edits))
+            # Everything from the forget on is prefilled by the next generate: a block
+            # there is computed in full (protocol 3.4), so nothing needs a namespace.
+            out = checked(
+                await self.link.send("forget", base.tokens, plan.edits, old_salt=handle.salt)
+            )
             report = self._report(plan, Path.reprefill, min(out.cached_tokens, forget_from), 0)
+        elif plan.composes:
+            report = await self._compose(handle, plan, allow_fallback)
         elif result.first_change == len(base.tokens):
             # Errata only: nothing cached moves; the next generate appends the note.
             report = self._report(plan, Path.prefix_hit, len(base.tokens), 0)
         else:
-            report = await self._splice(plan, allow_fallback)
+            report = await self._splice(plan, allow_fallback, (), handle.salt, handle.salt)
         handle.view = SessionView(plan.tokens, base.revision + 1, plan.spans)
         return report
 
-    async def _splice(self, plan: EditPlan, allow_fallback: bool) -> OpReport:
+    async def _compose(
+        self, handle: SglangSession, plan: EditPlan, allow_fallback: bool
+    ) -> OpReport:
+        """A splice whose blocks are copied from their skills, built in the session's own
+        namespace (a composed sequence must never match another request's tokens)."""
+        tenant = plan.tenant or DEFAULT_TENANT
+        with self.skills.using(tenant, [c.skill for c in plan.composes]) as skills:
+            blocks = _blocks(plan, skills)
+            salt = handle.salt or _private_salt()
+            report = await self._splice(plan, allow_fallback, blocks, handle.salt, salt)
+        # A fallback may leave part of a build in ``salt``'s namespace; the generate that
+        # re-prefills must not find it, so the session moves to a namespace of its own.
+        handle.salt = salt if report.path is Path.splice else _private_salt()
+        return report
+
+    async def _splice(
+        self,
+        plan: EditPlan,
+        allow_fallback: bool,
+        blocks: Sequence[BlockSource],
+        old_salt: str | None,
+        new_salt: str | None,
+    ) -> OpReport:
         # Each inserted run may need one generate; a repeat of the same request means the
         # prefill did not land in the tree, and the splice gives up rather than loop.
         asked: set[int] = set()
         while True:
-            out = _checked(await self.link.send("splice", plan.base.tokens, plan.edits))
+            out = checked(
+                await self.link.send(
+                    "splice",
+                    plan.base.tokens,
+                    plan.edits,
+                    blocks=blocks,
+                    old_salt=old_salt,
+                    new_salt=new_salt,
+                )
+            )
             if out.ok and out.pending_prefill is None:
                 reason = FallbackReason(out.fallback_reason) if out.fallback_reason else None
                 return self._report(
@@ -273,7 +358,7 @@ class SglangBackend:
                 return self._report(plan, Path.reprefill, first, 0, reason)
             assert out.pending_prefill is not None
             asked.add(out.pending_prefill)
-            await self.link.prefill(plan.tokens[: out.pending_prefill])
+            await self.link.prefill(plan.tokens[: out.pending_prefill], new_salt)
 
     @staticmethod
     def _report(
@@ -296,13 +381,36 @@ class SglangBackend:
         )
 
 
-def _no_compose() -> LeylineError:
-    return LeylineError(
-        ErrorCode.unsupported_verb, "the SGLang plugin does not execute compose", "skill"
-    )
+def _private_salt() -> str:
+    return f"leyline-session-{uuid.uuid4().hex}"
 
 
-def _checked(out: SchedulerAnswer) -> SchedulerAnswer:
+def _blocks(plan: EditPlan, skills: Sequence[HeldSkill]) -> list[BlockSource]:
+    """Each compose's block in the new revision, with its skill's cached source.
+
+    Raises:
+        LeylineError: a skill was replaced after the batch was planned (retry it).
+    """
+    for compose, skill in zip(plan.composes, skills, strict=True):
+        if len(skill.tokens) != compose.num_tokens:
+            raise LeylineError(
+                ErrorCode.invalid_directive,
+                f"skill {skill.id!r} was replaced while this batch was planned; retry it",
+                f"directives[{compose.index}].skill",
+            )
+    return [
+        BlockSource(
+            start=where.start,
+            end=where.end,
+            source=skill.source,
+            offset=len(skill.anchor),
+            seam=min(compose.seam_tokens, len(skill.tokens)),
+        )
+        for compose, where, skill in zip(plan.composes, plan.composed(), skills, strict=True)
+    ]
+
+
+def checked(out: SchedulerAnswer) -> SchedulerAnswer:
     if out.error_code is not None:
         raise LeylineError(ErrorCode(out.error_code), out.message, out.error_field)
     return out

@@ -18,6 +18,16 @@ One call, all-or-nothing:
    full pages are inserted into the tree. A partial last page cannot be (the tree holds
    whole pages): its slots are freed and the generate re-prefills it (``page_alignment``).
 
+COMPOSE is a splice whose inserted block has a source too (``BlockSource``): the skill's
+tokens as registered, which the tree holds (the plugin locks them). The block's first
+``seam`` tokens are prefilled in context like any inserted run; the rest is copied from the
+skill's slots with its rope band rotated to the block's position; block tokens the tree
+does not hold for the skill (a partial last page) are prefilled too.
+
+**Namespaces.** The old and new sequences may live under different ``cache_salt`` keys: a
+composed sequence is not what a prefill of its tokens computes, so it is kept out of the
+public namespace (protocol 3.4) and built in the session's own, its prefix copied there.
+
 Any failure before the insert frees the fresh slots and unlocks: pools, allocator and tree
 are as before (the old KV is only ever read).
 """
@@ -36,6 +46,7 @@ from leyline.protocol.errors import ErrorCode, LeylineError
 from leyline.protocol.fallback import FallbackReason
 from leyline.server_adapter.errors import SpliceUnsupportedError
 
+from .backend import BlockSource
 from .kv_rows import KVRows
 from .page_align import ceil_page, floor_page
 from .tree_ops import Match, TreeOps
@@ -67,9 +78,29 @@ class SpliceOutcome:
 class _Segment:
     new_start: int
     new_end: int
-    old_start: int | None  # None: written from supplied rows
+    src_start: int | None  # None: written from supplied rows
     delta: int
     rows: Sequence[Sequence[torch.Tensor]] | None = None
+    source: Match | None = None
+    """Whose slots ``src_start`` indexes: the old sequence's or a skill's."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """A stretch of the new sequence with one KV source: the old sequence (``kept``), a
+    skill's cached block (``skill``), or none (``fresh``: supplied rows or a prefill)."""
+
+    kind: str
+    new_start: int
+    new_end: int
+    src_start: int | None = None
+    source: Match | None = None
+    run_start: int | None = None
+    """For a fresh piece that is a whole inserted run: its start (``inserted_rows`` key)."""
+
+    @property
+    def delta(self) -> int:
+        return 0 if self.src_start is None else self.new_start - self.src_start
 
 
 class SpliceExecutor:
@@ -87,8 +118,14 @@ class SpliceExecutor:
         edits: Sequence[Edit],
         *,
         inserted_rows: InsertedRows | None = None,
+        blocks: Sequence[BlockSource] = (),
+        old_salt: str | None = None,
+        new_salt: str | None = None,
     ) -> SpliceOutcome:
         """Splice ``edits`` (AMORTIZE) into the cached ``old_tokens``.
+
+        ``blocks``: the composed blocks among the inserted runs, with their cached source.
+        ``old_salt`` / ``new_salt``: the namespaces of the old and the new sequence.
 
         Raises:
             LeylineError: the batch breaks a protocol rule, or the pool has no room
@@ -100,11 +137,24 @@ class SpliceExecutor:
             raise ValueError("FORGET edits re-prefill: use forget(), not splice()")
         result = apply_edits(old_tokens, edits)
         new = result.tokens
-        old_match = self.tree.match(old_tokens)
-        new_match = self.tree.match(new)
-        locks = [self.tree.lock(old_match.node), self.tree.lock(new_match.node)]
+        for block in blocks:
+            if new[block.start : block.end] != block.tokens:
+                raise LeylineError(
+                    ErrorCode.invalid_directive,
+                    f"the block at [{block.start}, {block.end}) is not its skill's tokens "
+                    "(replaced meanwhile?): retry the batch",
+                    "directives",
+                )
+        old_match = self.tree.match(old_tokens, old_salt)
+        new_match = self.tree.match(new, new_salt)
+        sources = [self.tree.match(b.source) for b in blocks]  # skills: public namespace
+        matches = [old_match, new_match, *sources]
+        locks = [self.tree.lock(m.node) for m in matches]
         try:
-            return self._build(result, len(old_tokens), old_match, new_match, inserted_rows or {})
+            pieces = _pieces(result.runs, old_match, blocks, sources)
+            return self._build(
+                result, len(old_tokens), pieces, new_match, inserted_rows or {}, new_salt
+            )
         finally:
             for handle in reversed(locks):
                 self.tree.unlock(handle)
@@ -113,18 +163,21 @@ class SpliceExecutor:
         self,
         result: EditResult,
         n_old: int,
-        old: Match,
+        pieces: Sequence[_Piece],
         new_match: Match,
         inserted_rows: InsertedRows,
+        new_salt: str | None,
     ) -> SpliceOutcome:
         new = result.tokens
         base = new_match.length
-        segments, stop, pending = self._plan(result.runs, base, old, n_old, inserted_rows)
+        segments, stop, pending = self._plan(pieces, base, n_old, len(new), inserted_rows)
         end = floor_page(stop, self.page_size)  # the tree takes whole pages only
         reason = self._reason(stop, pending)
         segments = [_clip(s, end) for s in segments if s.new_start < end]
         reused = sum(
-            min(len(r), max(0, end - r.new_start)) for r in result.runs if r.kind == "kept"
+            min(p.new_end - p.new_start, max(0, end - p.new_start))
+            for p in pieces
+            if p.kind != "fresh"
         )
         if end <= base:
             return SpliceOutcome(new, base, min(reused, base), 0, 0, pending, reason)
@@ -132,33 +185,34 @@ class SpliceExecutor:
         try:
             for seg in segments:
                 dst = fresh[seg.new_start - base : seg.new_end - base]
-                if seg.old_start is None:
+                if seg.src_start is None:
                     assert seg.rows is not None
                     self.rows.write(dst, seg.rows)
                 else:
-                    src = old.slots[seg.old_start : seg.old_start + len(dst)]
+                    assert seg.source is not None
+                    src = seg.source.slots[seg.src_start : seg.src_start + len(dst)]
                     self.rows.copy(src, dst, seg.delta)
             slots = self._token_row(torch.cat([new_match.slots[:base], fresh]))
         except BaseException:
             self.tree.allocator.free(fresh)
             raise
-        self.tree.insert(new[:end], slots, owned=base)
+        self.tree.insert(new[:end], slots, owned=base, salt=new_salt)
         return SpliceOutcome(
             tokens=new,
             cached_tokens=end,
             reused_tokens=reused,
             rotated_tokens=sum(s.new_end - s.new_start for s in segments if s.delta != 0),
-            written_tokens=sum(s.new_end - s.new_start for s in segments if s.old_start is None),
+            written_tokens=sum(s.new_end - s.new_start for s in segments if s.src_start is None),
             pending_prefill=pending,
             fallback_reason=reason,
         )
 
     def _plan(
         self,
-        runs: Sequence[Run],
+        pieces: Sequence[_Piece],
         base: int,
-        old: Match,
         n_old: int,
+        n_new: int,
         inserted_rows: InsertedRows,
     ) -> tuple[list[_Segment], int, int | None]:
         """Segments to build from ``base`` on; where the build stops; what to prefill.
@@ -166,43 +220,48 @@ class SpliceExecutor:
         The source is required only for what is built: the tree never holds a sequence's
         partial last page (nor a generation's last, sampled token), so a kept run reaching
         into them is built up to what is cached and the build stops there (the generate
-        re-prefills the rest: a page's worth at most).
+        re-prefills the rest: a page's worth at most). A skill piece is already cut to what
+        the tree holds of the skill.
         """
         page = self.page_size
-        n_new = runs[-1].new_end if runs else 0
         segments: list[_Segment] = []
-        for run in runs:
-            if run.new_end <= base:
+        for piece in pieces:
+            if piece.new_end <= base:
                 continue
-            start = max(run.new_start, base)
-            if run.kind == "kept":
-                assert run.old_start is not None
-                old_start = run.old_start + (start - run.new_start)
-                if run.old_start + len(run) > old.length:
+            start = max(piece.new_start, base)
+            if piece.kind != "fresh":
+                source = piece.source
+                assert piece.src_start is not None and source is not None
+                src_start = piece.src_start + (start - piece.new_start)
+                src_end = piece.src_start + (piece.new_end - piece.new_start)
+                if piece.kind == "kept" and src_end > source.length:
                     # The tree never holds an old sequence's partial last page, nor the last
                     # token a generation sampled (its KV was never computed).
-                    if old.length < floor_page(n_old - 1, page):
+                    if source.length < floor_page(n_old - 1, page):
                         raise SpliceUnsupportedError(
                             FallbackReason.missing_source,
-                            f"old tokens [{old_start}, {run.old_start + len(run)}) are no "
-                            f"longer cached (the tree holds {old.length})",
+                            f"old tokens [{src_start}, {src_end}) are no "
+                            f"longer cached (the tree holds {source.length})",
                         )
-                    cut = max(start, run.new_start + old.length - run.old_start)
+                    cut = max(start, piece.new_start + source.length - piece.src_start)
                     if cut > start:
-                        segments.append(_Segment(start, cut, old_start, run.delta))
+                        segments.append(_Segment(start, cut, src_start, piece.delta, None, source))
                     return segments, cut, None
-                segments.append(_Segment(start, run.new_end, old_start, run.delta))
-            elif start == run.new_start and run.new_start in inserted_rows:
-                segments.append(_Segment(start, run.new_end, None, 0, inserted_rows[run.new_start]))
+                segments.append(
+                    _Segment(start, piece.new_end, src_start, piece.delta, None, source)
+                )
+            elif start == piece.run_start and start in inserted_rows:
+                rows = inserted_rows[start]
+                segments.append(_Segment(start, piece.new_end, None, 0, rows))
             else:
-                # No KV for this run: a generate up to the end of its last page prefills it
+                # No KV for this piece: a generate up to the end of its last page prefills it
                 # (a generate caches every whole page of its prompt, verified live). With page
                 # size 1 that is exactly its end: one token more would give the first
                 # downstream token fresh KV instead of its old KV rotated; with pages, the
                 # downstream tokens sharing its last page get fresh KV, as the unchanged
                 # tokens sharing the edit's first page do. If no whole page can be added
-                # (the run sits in the new sequence's partial last page), the build stops.
-                want = min(ceil_page(run.new_end, page), n_new)
+                # (the piece sits in the new sequence's partial last page), the build stops.
+                want = min(ceil_page(piece.new_end, page), n_new)
                 if floor_page(want, page) <= start:
                     return segments, start, None
                 return segments, start, want
@@ -244,6 +303,48 @@ class SpliceExecutor:
             pool.free_rows(rows)
 
 
+def _pieces(
+    runs: Sequence[Run],
+    old: Match,
+    blocks: Sequence[BlockSource],
+    sources: Sequence[Match],
+) -> list[_Piece]:
+    """The new sequence, run by run, with each composed block split into its seam (fresh),
+    the part the tree holds of its skill (copied, rotated) and the rest (fresh)."""
+    pieces: list[_Piece] = []
+    for run in runs:
+        if run.kind == "kept":
+            assert run.old_start is not None
+            pieces.append(_Piece("kept", run.new_start, run.new_end, run.old_start, old))
+            continue
+        at = run.new_start
+        inside = sorted(
+            ((b, m) for b, m in zip(blocks, sources, strict=True)
+             if run.new_start <= b.start and b.end <= run.new_end),
+            key=lambda pair: pair[0].start,
+        )  # fmt: skip
+        if not inside:
+            pieces.append(_Piece("fresh", at, run.new_end, run_start=at))
+            continue
+        for block, match in inside:
+            if at < block.start:
+                pieces.append(_Piece("fresh", at, block.start))
+            held = max(0, min(len(block.source), match.length) - block.offset)
+            body_start = block.start + min(block.seam, block.end - block.start)
+            body_end = max(body_start, block.start + min(held, block.end - block.start))
+            if block.start < body_start:
+                pieces.append(_Piece("fresh", block.start, body_start))
+            if body_start < body_end:
+                src = block.offset + (body_start - block.start)
+                pieces.append(_Piece("skill", body_start, body_end, src, match))
+            if body_end < block.end:
+                pieces.append(_Piece("fresh", body_end, block.end))
+            at = block.end
+        if at < run.new_end:
+            pieces.append(_Piece("fresh", at, run.new_end))
+    return pieces
+
+
 def _clip(seg: _Segment, end: int) -> _Segment:
     if seg.new_end <= end:
         return seg
@@ -251,4 +352,4 @@ def _clip(seg: _Segment, end: int) -> _Segment:
     if rows is not None:
         keep = end - seg.new_start
         rows = [[t[:keep] for t in layer] for layer in rows]
-    return _Segment(seg.new_start, end, seg.old_start, seg.delta, rows)
+    return _Segment(seg.new_start, end, seg.src_start, seg.delta, rows, seg.source)

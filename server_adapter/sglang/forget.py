@@ -29,20 +29,23 @@ class ForgetOutcome:
     request held is dropped all the same. Retry after the request ends."""
 
 
-def forget_after(tree: TreeOps, old_tokens: Sequence[int], start: int) -> ForgetOutcome:
+def forget_after(
+    tree: TreeOps, old_tokens: Sequence[int], start: int, salt: str | None = None
+) -> ForgetOutcome:
+    """Purge what the tree holds of ``old_tokens`` (in namespace ``salt``) past ``start``."""
     cut = floor_page(start, tree.page_size)
-    prefix = tree.match(old_tokens[:cut])  # splits the node at the edit point
+    prefix = tree.match(old_tokens[:cut], salt)  # splits the node at the edit point
     if prefix.length < cut or len(old_tokens) - cut < tree.page_size:
         return ForgetOutcome(prefix.length, True)  # nothing cached past the edit point
     if tree.kind == "legacy":
-        below = tree.match(old_tokens[: cut + tree.page_size])
+        below = tree.match(old_tokens[: cut + tree.page_size], salt)
         if below.length <= cut:
             return ForgetOutcome(cut, True)
         return ForgetOutcome(cut, _drop_legacy(tree, below.node))
-    return ForgetOutcome(cut, _drop_unified(tree, old_tokens, cut))
+    return ForgetOutcome(cut, _drop_unified(tree, old_tokens, cut, salt))
 
 
-def _drop_unified(tree: TreeOps, old_tokens: Sequence[int], cut: int) -> bool:
+def _drop_unified(tree: TreeOps, old_tokens: Sequence[int], cut: int, salt: str | None) -> bool:
     """Evict the subtree of the node that starts at ``cut`` on the old path.
 
     The tree core removes leaves only (the Rust core panics, poisoning itself for good, when
@@ -51,12 +54,12 @@ def _drop_unified(tree: TreeOps, old_tokens: Sequence[int], cut: int) -> bool:
     leaves under that node (``TreeOps.evict_below``). Runs on the scheduler thread between
     batches: nothing else changes the tree meanwhile.
     """
-    below = [p for p in tree.path(tree.match(old_tokens).node) if p.path_start >= cut]
+    below = [p for p in tree.path(tree.match(old_tokens, salt).node) if p.path_start >= cut]
     if not below:
         return True  # the tree holds nothing past the edit point
     # ``below[0]`` starts exactly at ``cut``: the first match split the node there.
     tree.evict_below(below[0].node_id)
-    return tree.match(old_tokens).length <= cut
+    return tree.match(old_tokens, salt).length <= cut
 
 
 def _drop_legacy(tree: TreeOps, node: Any) -> bool:

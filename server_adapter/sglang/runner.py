@@ -41,9 +41,14 @@ class Generated:
 
 class Generator(Protocol):
     async def generate(
-        self, tokens: Sequence[int], params: SamplingParams, on_token: OnToken
+        self,
+        tokens: Sequence[int],
+        params: SamplingParams,
+        on_token: OnToken,
+        salt: str | None = None,
     ) -> Generated:
-        """Generate after ``tokens``; ``on_token`` per id, False stops (finish ``stop``)."""
+        """Generate after ``tokens`` in cache namespace ``salt`` (a session's own, once it
+        composed); ``on_token`` per id, False stops (finish ``stop``)."""
         ...
 
 
@@ -90,7 +95,7 @@ class SglangRunner:
         # The prompt is the session's from here (the generate caches it), even if the
         # generation then fails: the view never claims tokens SGLang was not given.
         handle.view = SessionView(prompt, revision, spans)
-        out = await self.generator.generate(prompt, turn.params, turn.on_token)
+        out = await self.generator.generate(prompt, turn.params, turn.on_token, handle.salt)
         reused = min(out.cached_tokens, len(prompt))
         shared = common_prefix(edited.tokens, prompt)
         path = Path.prefix_hit if shared == len(edited.tokens) else Path.reprefill

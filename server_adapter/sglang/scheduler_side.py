@@ -12,7 +12,7 @@ from typing import Any
 
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
-from leyline.protocol.errors import LeylineError
+from leyline.protocol.errors import ErrorCode, LeylineError
 from leyline.protocol.fallback import FallbackReason
 from leyline.server_adapter.errors import SpliceUnsupportedError
 
@@ -21,7 +21,10 @@ from .forget import forget_after
 from .kv_rows import kv_rows_for
 from .rope_source import band_of_model
 from .tree_ops import TreeOps
-from .wire import LeylineSpliceReqInput, LeylineSpliceReqOutput
+from .wire import LeylineSpliceReqInput, LeylineSpliceReqOutput, blocks_of
+
+#: Skills may lock at most 1/HELD_SHARE of the KV pool: the rest stays for requests.
+HELD_SHARE = 4
 
 
 def executor_for(scheduler: Any) -> SpliceExecutor:
@@ -48,13 +51,22 @@ def handle(scheduler: Any, req: LeylineSpliceReqInput) -> LeylineSpliceReqOutput
     """Execute one request; every failure becomes a typed answer, never an exception."""
     try:
         executor = executor_for(scheduler)
+        if req.verb in ("hold", "release"):
+            held = _hold(scheduler, executor.tree, req.key, req.old_tokens, req.verb == "hold")
+            return LeylineSpliceReqOutput(ok=True, cached_tokens=held, rid=req.rid)
         mode = Mode.forget if req.verb == "forget" else Mode.amortize
         edits = [Edit(s, e, tuple(r), mode, i) for i, (s, e, r) in enumerate(req.edits)]
         if mode is Mode.forget:
             start = min(e.start for e in edits)
-            out = forget_after(executor.tree, req.old_tokens, start)
+            out = forget_after(executor.tree, req.old_tokens, start, req.old_salt)
             return LeylineSpliceReqOutput(ok=True, cached_tokens=out.kept_prefix, rid=req.rid)
-        result = executor.splice(req.old_tokens, edits)
+        result = executor.splice(
+            req.old_tokens,
+            edits,
+            blocks=blocks_of(req),
+            old_salt=req.old_salt,
+            new_salt=req.new_salt,
+        )
         return LeylineSpliceReqOutput(
             ok=True,
             rid=req.rid,
@@ -77,6 +89,34 @@ def handle(scheduler: Any, req: LeylineSpliceReqInput) -> LeylineSpliceReqOutput
             error_field=exc.field,
             message=exc.message,
         )
+
+
+def _hold(scheduler: Any, tree: TreeOps, key: str, tokens: list[int], hold: bool) -> int:
+    """Lock what the tree holds of ``tokens`` (public namespace) under ``key``, replacing
+    any earlier lock of that key, or (``hold`` false) let ``key``'s lock go. A locked path
+    is never evicted: a registered skill's KV stays until it is deleted. Returns how many
+    tokens are held."""
+    holds: dict[str, tuple[Any, int]] = scheduler.__dict__.setdefault("_leyline_holds", {})
+    held = 0
+    if hold:
+        others = sum(n for k, (_, n) in holds.items() if k != key)
+        cap = int(tree.allocator.size) // HELD_SHARE
+        if others + len(tokens) > cap:
+            raise LeylineError(
+                ErrorCode.limit_exceeded,
+                f"skills may hold {cap} of this server's {tree.allocator.size} KV slots; "
+                f"{others} are held and this one needs {len(tokens)}",
+                "tokens",
+            )
+    previous = holds.pop(key, None)
+    if hold:
+        match = tree.match(tokens)
+        held = match.length
+        if held:
+            holds[key] = (tree.lock(match.node), held)
+    if previous is not None:
+        tree.unlock(previous[0])
+    return held
 
 
 def install(scheduler: Any) -> None:

@@ -24,10 +24,10 @@ from ..http.settings import ServerSettings
 from ..http.turns import OnToken
 from ..reports import TokenChoice
 from ..sampling import SamplingParams
-from .backend import SchedulerAnswer, SglangBackend, SglangSession
+from .backend import BlockSource, SchedulerAnswer, SglangBackend, SglangSession, checked
 from .openai_dispatch import LeylineDispatch, leyline_openai_app
 from .runner import Generated, SglangRunner
-from .wire import LeylineSpliceReqOutput, from_wire, to_wire
+from .wire import LeylineSpliceReqInput, LeylineSpliceReqOutput, from_wire, to_wire
 
 
 class TokenizerManagerLink:
@@ -37,27 +37,50 @@ class TokenizerManagerLink:
         self.tm = tokenizer_manager
 
     async def send(
-        self, verb: str, old_tokens: Sequence[int], edits: Sequence[Edit]
+        self,
+        verb: str,
+        old_tokens: Sequence[int],
+        edits: Sequence[Edit],
+        *,
+        blocks: Sequence[BlockSource] = (),
+        old_salt: str | None = None,
+        new_salt: str | None = None,
     ) -> SchedulerAnswer:
-        req = to_wire(verb, old_tokens, edits)
+        req = to_wire(verb, old_tokens, edits, blocks=blocks, old_salt=old_salt, new_salt=new_salt)
+        return await self._ask(req)
+
+    async def hold(self, key: str, tokens: Sequence[int]) -> int:
+        answer = checked(await self._ask(to_wire("hold", tokens, (), key=key)))
+        return answer.cached_tokens
+
+    async def release(self, key: str) -> None:
+        checked(await self._ask(to_wire("release", (), (), key=key)))
+
+    async def _ask(self, req: LeylineSpliceReqInput) -> SchedulerAnswer:
         results: list[LeylineSpliceReqOutput] = await self.tm.leyline_splice_communicator(req)
         failed = [r for r in results if not r.ok]
         return from_wire(failed[0] if failed else results[0])  # any rank's refusal wins
 
-    async def prefill(self, tokens: Sequence[int]) -> None:
+    async def prefill(self, tokens: Sequence[int], salt: str | None = None) -> None:
         from sglang.srt.managers.io_struct import GenerateReqInput
 
         obj = GenerateReqInput(
-            input_ids=list(tokens), sampling_params={"max_new_tokens": 1, "temperature": 0.0}
+            input_ids=list(tokens),
+            sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+            cache_salt=salt,
         )
         async for _ in self.tm.generate_request(obj, None):
             pass
 
     async def generate(
-        self, tokens: Sequence[int], params: SamplingParams, on_token: OnToken
+        self,
+        tokens: Sequence[int],
+        params: SamplingParams,
+        on_token: OnToken,
+        salt: str | None = None,
     ) -> Generated:
-        """An ordinary streamed generate of ``tokens``; stopped (aborted) when ``on_token``
-        says so, e.g. because the client went away."""
+        """An ordinary streamed generate of ``tokens`` (in cache namespace ``salt``); stopped
+        (aborted) when ``on_token`` says so, e.g. because the client went away."""
         from sglang.srt.managers.io_struct import GenerateReqInput
 
         top = params.logprobs
@@ -69,6 +92,7 @@ class TokenizerManagerLink:
             return_logprob=top is not None,
             top_logprobs_num=top or 0,
             logprob_start_len=-1,
+            cache_salt=salt,
         )
         incremental = bool(getattr(self.tm, "incremental_streaming_output", False))
         ids: list[int] = []

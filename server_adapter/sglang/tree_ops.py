@@ -64,15 +64,17 @@ class TreeOps:
         self.allocator = tree.token_to_kv_pool_allocator
 
     @staticmethod
-    def key(tokens: Sequence[int]) -> Any:
+    def key(tokens: Sequence[int], salt: str | None = None) -> Any:
+        """The tree's key for ``tokens`` in namespace ``salt`` (SGLang's ``cache_salt``:
+        keys of different salts never share a node; None is the public namespace)."""
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
-        return RadixKey(array("q", tokens))
+        return RadixKey(array("q", tokens), cache_salt=salt)
 
-    def match(self, tokens: Sequence[int]) -> Match:
+    def match(self, tokens: Sequence[int], salt: str | None = None) -> Match:
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 
-        result = self.tree.match_prefix(MatchPrefixParams(key=self.key(tokens)))
+        result = self.tree.match_prefix(MatchPrefixParams(key=self.key(tokens, salt)))
         length = int(result.device_prefix_len)
         slots = self.tree.path_device_indices(result.last_device_node)[:length]
         return Match(length, result.last_device_node, slots.to(torch.int64))
@@ -127,15 +129,18 @@ class TreeOps:
         finally:
             self.tree.tree_core.evict_device_end(full)
 
-    def insert(self, tokens: Sequence[int], slots: torch.Tensor, owned: int) -> int:
-        """Insert ``tokens`` -> ``slots``; ``slots[:owned]`` are the tree's own (matched).
+    def insert(
+        self, tokens: Sequence[int], slots: torch.Tensor, owned: int, salt: str | None = None
+    ) -> int:
+        """Insert ``tokens`` -> ``slots`` in namespace ``salt``; ``slots[:owned]`` are the
+        tree's own (matched there).
 
         Every slot in ``[owned, len)`` that the tree already had a slot for is freed here,
         once; the rest now belong to the tree. Returns the tree's prior prefix length.
         """
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 
-        params = InsertParams(key=self.key(tokens), value=slots, prev_prefix_len=owned)
+        params = InsertParams(key=self.key(tokens, salt), value=slots, prev_prefix_len=owned)
         prefix = int(self.tree.insert(params).prefix_len)
         if self.kind == "legacy" and prefix > owned:
             self.allocator.free(slots[owned:prefix])

@@ -14,17 +14,24 @@ from sglang.srt.managers.io_struct import BaseReq, hook_custom_types
 
 from leyline.protocol.algebra import Edit
 
-from .backend import SchedulerAnswer
+from .backend import BlockSource, SchedulerAnswer
 
 #: ``(start, end, replacement token ids)`` in the old sequence's coordinates.
 WireEdit = tuple[int, int, list[int]]
+#: A ``BlockSource``: ``(start, end, source tokens, offset, seam)``.
+WireBlock = tuple[int, int, list[int], int, int]
 
 
 # SGLang is not installed where mypy runs, so ``BaseReq`` (a msgspec Struct) is Any there.
 class LeylineSpliceReqInput(BaseReq, kw_only=True):  # type: ignore[misc, call-arg]
-    verb: str  # "splice" or "forget"
+    verb: str  # "splice", "forget", "hold" or "release"
     old_tokens: list[int]
     edits: list[WireEdit]
+    blocks: list[WireBlock] = msgspec.field(default_factory=list)
+    old_salt: str | None = None
+    new_salt: str | None = None
+    key: str = ""
+    """``hold`` / ``release``: the name the scheduler keeps a held sequence's lock under."""
 
 
 class LeylineSpliceReqOutput(BaseReq, kw_only=True):  # type: ignore[misc, call-arg]  # as above
@@ -45,9 +52,29 @@ class LeylineSpliceReqOutput(BaseReq, kw_only=True):  # type: ignore[misc, call-
 hook_custom_types(LeylineSpliceReqInput, LeylineSpliceReqOutput)
 
 
-def to_wire(verb: str, old_tokens: Sequence[int], edits: Sequence[Edit]) -> LeylineSpliceReqInput:
-    wire = [(e.start, e.end, list(e.replacement)) for e in edits]
-    return LeylineSpliceReqInput(verb=verb, old_tokens=list(old_tokens), edits=wire)
+def to_wire(
+    verb: str,
+    old_tokens: Sequence[int],
+    edits: Sequence[Edit],
+    *,
+    blocks: Sequence[BlockSource] = (),
+    old_salt: str | None = None,
+    new_salt: str | None = None,
+    key: str = "",
+) -> LeylineSpliceReqInput:
+    return LeylineSpliceReqInput(
+        verb=verb,
+        old_tokens=list(old_tokens),
+        edits=[(e.start, e.end, list(e.replacement)) for e in edits],
+        blocks=[(b.start, b.end, list(b.source), b.offset, b.seam) for b in blocks],
+        old_salt=old_salt,
+        new_salt=new_salt,
+        key=key,
+    )
+
+
+def blocks_of(req: LeylineSpliceReqInput) -> list[BlockSource]:
+    return [BlockSource(s, e, tuple(src), off, seam) for s, e, src, off, seam in req.blocks]
 
 
 def from_wire(out: LeylineSpliceReqOutput) -> SchedulerAnswer:

@@ -1,9 +1,11 @@
 """A scripted stand-in for SGLang's scheduler side, for ``SglangBackend`` in ``make test``.
 
-It keeps what the backend can observe of a radix tree: which token sequences are cached
-(a prefix of a cached sequence is cached). A splice needs the old sequence cached, all but
-a generation's last token (else ``missing_source``), and every inserted run prefilled (else
-it asks for a prefill, as the real executor does); FORGET drops every cached sequence that
+It keeps what the backend can observe of a radix tree: which token sequences are cached,
+per namespace (``cache_salt``; a prefix of a cached sequence is cached), and which are
+held. A splice needs the old sequence cached, all but a generation's last token (else
+``missing_source``), and every inserted token prefilled in the new namespace (else it asks
+for a prefill, as the real executor does) except a composed block's tokens past its seam
+that the tree holds for its skill; FORGET drops every cached sequence of the namespace that
 runs past the edit point. The real scheduler side runs against SGLang's own classes in
 ``tests/sglang`` and live in ``tests/sglang_live``; this one only drives the backend's own
 logic.
@@ -13,55 +15,91 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from leyline.protocol import FallbackReason
+from leyline.protocol import ErrorCode, FallbackReason, LeylineError
 from leyline.protocol.algebra import Edit, apply_edits
 from leyline.server_adapter.core.batch import common_prefix
 from leyline.server_adapter.http.turns import OnToken
 from leyline.server_adapter.sampling import SamplingParams
-from leyline.server_adapter.sglang.backend import SchedulerAnswer
+from leyline.server_adapter.sglang.backend import BlockSource, SchedulerAnswer
 from leyline.server_adapter.sglang.runner import Generated
 
 
 class ScriptedScheduler:
-    def __init__(self) -> None:
-        self.cached: set[tuple[int, ...]] = set()
+    def __init__(self, *, hold_cap: int = 1 << 20) -> None:
+        self.caches: dict[str | None, set[tuple[int, ...]]] = {None: set()}
+        self.held: dict[str, tuple[int, ...]] = {}
+        self.hold_cap = hold_cap
         self.sent: list[str] = []
         self.prefills: list[int] = []
 
-    def cached_length(self, tokens: Sequence[int]) -> int:
-        return max((common_prefix(seq, tokens) for seq in self.cached), default=0)
+    @property
+    def cached(self) -> set[tuple[int, ...]]:
+        """The public namespace's cached sequences."""
+        return self.caches[None]
 
-    async def prefill(self, tokens: Sequence[int]) -> None:
+    def cache(self, salt: str | None) -> set[tuple[int, ...]]:
+        return self.caches.setdefault(salt, set())
+
+    def cached_length(self, tokens: Sequence[int], salt: str | None = None) -> int:
+        return max((common_prefix(seq, tokens) for seq in self.cache(salt)), default=0)
+
+    async def prefill(self, tokens: Sequence[int], salt: str | None = None) -> None:
         self.prefills.append(len(tokens))
-        self.cached.add(tuple(tokens))
+        self.cache(salt).add(tuple(tokens))
+
+    async def hold(self, key: str, tokens: Sequence[int]) -> int:
+        self.sent.append("hold")
+        others = sum(len(t) for k, t in self.held.items() if k != key)
+        if others + len(tokens) > self.hold_cap:
+            raise LeylineError(ErrorCode.limit_exceeded, "no room to hold it", "tokens")
+        held = self.cached_length(tokens)
+        self.held[key] = tuple(tokens[:held])
+        return held
+
+    async def release(self, key: str) -> None:
+        self.sent.append("release")
+        self.held.pop(key, None)
 
     async def send(
-        self, verb: str, old_tokens: Sequence[int], edits: Sequence[Edit]
+        self,
+        verb: str,
+        old_tokens: Sequence[int],
+        edits: Sequence[Edit],
+        *,
+        blocks: Sequence[BlockSource] = (),
+        old_salt: str | None = None,
+        new_salt: str | None = None,
     ) -> SchedulerAnswer:
         self.sent.append(verb)
         old = tuple(old_tokens)
         if verb == "forget":
             cut = min(e.start for e in edits)
-            self.cached = {seq for seq in self.cached if common_prefix(seq, old) <= cut}
-            self.cached.add(old[:cut])
+            kept = {seq for seq in self.cache(old_salt) if common_prefix(seq, old) <= cut}
+            self.caches[old_salt] = kept | {old[:cut]}
             return SchedulerAnswer(ok=True, cached_tokens=cut)
-        if self.cached_length(old) < len(old) - 1:  # a generation's last token has no KV
+        if self.cached_length(old, old_salt) < len(old) - 1:  # a last token has no KV
             return SchedulerAnswer(
                 ok=False, fallback_reason=FallbackReason.missing_source, message="evicted"
             )
         result = apply_edits(old, edits)
+        new = result.tokens
+        copied = set()
+        for b in blocks:
+            body_end = b.start + max(0, self.cached_length(b.source) - b.offset)
+            copied |= set(range(b.start + b.seam, min(b.end, body_end)))
         for run in result.runs:
-            if (
-                run.kind != "kept"
-                and self.cached_length(result.tokens[: run.new_end]) < run.new_end
-            ):
-                return SchedulerAnswer(ok=True, pending_prefill=run.new_end + 1)
-        self.cached.add(result.tokens)
+            if run.kind == "kept":
+                continue
+            for p in range(run.new_start, run.new_end):
+                if p not in copied and self.cached_length(new[: p + 1], new_salt) <= p:
+                    self.cache(new_salt).add(new[:p])  # what the build got to
+                    return SchedulerAnswer(ok=True, pending_prefill=run.new_end)
+        self.cache(new_salt).add(new)
         return SchedulerAnswer(
             ok=True,
-            cached_tokens=len(result.tokens),
-            reused_tokens=result.reused_tokens,
-            rotated_tokens=result.rotated_tokens,
+            cached_tokens=len(new),
+            reused_tokens=result.reused_tokens + len(copied),
+            rotated_tokens=result.rotated_tokens + (len(copied) if blocks else 0),
         )
 
 
@@ -80,19 +118,25 @@ class ScriptedGenerator:
         self.decode = decode
         self.ids = (*ids, stop_id)
         self.prompts: list[tuple[int, ...]] = []
+        self.salts: list[str | None] = []
 
     async def generate(
-        self, tokens: Sequence[int], params: SamplingParams, on_token: OnToken
+        self,
+        tokens: Sequence[int],
+        params: SamplingParams,
+        on_token: OnToken,
+        salt: str | None = None,
     ) -> Generated:
         prompt = tuple(tokens)
         self.prompts.append(prompt)
-        cached = min(self.scheduler.cached_length(prompt), len(prompt) - 1)
+        self.salts.append(salt)
+        cached = min(self.scheduler.cached_length(prompt, salt), len(prompt) - 1)
         out: list[int] = []
         for token in self.ids[: params.max_new_tokens]:
             out.append(token)
             if not on_token(token):
                 break
-        self.scheduler.cached.add(prompt + tuple(out[:-1]))
+        self.scheduler.cache(salt).add(prompt + tuple(out[:-1]))
         finish = "stop" if out[-1] == self.ids[-1] else "length"
         text = self.decode([t for t in out if t != self.ids[-1]])
         return Generated(tuple(out), text, finish, cached)

@@ -18,13 +18,18 @@ import torch
 
 from leyline.protocol import ErrorCode, FallbackReason, LeylineError, Limits, Path
 from leyline.protocol.algebra import Edit
-from leyline.protocol.directives import ForgetDirective, SpliceDirective
-from leyline.protocol.resources import ApplyDirectives, SessionCreate
+from leyline.protocol.directives import ComposeDirective, ForgetDirective, SpliceDirective
+from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCreate
 from leyline.protocol.spans import TokenSpan
 from leyline.server_adapter.core.service import SessionService
 from leyline.server_adapter.core.sessions import DEFAULT_TENANT, SessionStore
 from leyline.server_adapter.sglang import plugin
-from leyline.server_adapter.sglang.backend import SchedulerAnswer, SglangBackend
+from leyline.server_adapter.sglang.backend import (
+    BlockSource,
+    SchedulerAnswer,
+    SglangBackend,
+    checked,
+)
 from leyline.server_adapter.sglang.scheduler_side import handle
 from leyline.server_adapter.sglang.tree_ops import TreeOps
 from leyline.server_adapter.sglang.wire import (
@@ -82,15 +87,33 @@ class _LocalLink:
             req_to_token_pool=stack.req_to_token,
         )
         self.prefilled: list[int] = []
+        self.salts: list[str | None] = []
 
     async def send(
-        self, verb: str, old_tokens: Sequence[int], edits: Sequence[Edit]
+        self,
+        verb: str,
+        old_tokens: Sequence[int],
+        edits: Sequence[Edit],
+        *,
+        blocks: Sequence[BlockSource] = (),
+        old_salt: str | None = None,
+        new_salt: str | None = None,
     ) -> SchedulerAnswer:
-        return from_wire(handle(self.scheduler, to_wire(verb, old_tokens, edits)))
+        req = to_wire(verb, old_tokens, edits, blocks=blocks, old_salt=old_salt, new_salt=new_salt)
+        return from_wire(handle(self.scheduler, req))
 
-    async def prefill(self, tokens: Sequence[int]) -> None:
+    async def hold(self, key: str, tokens: Sequence[int]) -> int:
+        return checked(
+            from_wire(handle(self.scheduler, to_wire("hold", tokens, (), key=key)))
+        ).cached_tokens
+
+    async def release(self, key: str) -> None:
+        checked(from_wire(handle(self.scheduler, to_wire("release", (), (), key=key))))
+
+    async def prefill(self, tokens: Sequence[int], salt: str | None = None) -> None:
         self.prefilled.append(len(tokens))
-        _prefill_extension(self.stack, list(tokens))
+        self.salts.append(salt)
+        _prefill_extension(self.stack, list(tokens), salt)
 
 
 class _Chars:
@@ -172,3 +195,53 @@ def test_forget_directive_purges_and_answers_reprefill() -> None:
     resp = _apply(service, session, [ForgetDirective(span=TokenSpan(start=30, end=40))], 1)
     assert (resp.path, resp.fallback_reason, resp.reused_tokens) == (Path.reprefill, None, 30)
     assert TreeOps(stack.tree).match(OLD).length == 30
+
+
+SKILL = list(range(600, 624))
+
+
+def test_compose_end_to_end_on_real_classes() -> None:
+    """Register (a prefill, then a hold), compose at 20 with a 4-token seam: one generate
+    prefills the seam in the session's own namespace and the rest is copied; a later splice
+    of the composed session stays in that namespace; deleting the skill lets it go."""
+    stack = build("unified-rust")
+    service, link = _service(stack)
+    session = _create(service, "s", OLD)
+    info = _run(service.create_skill(DEFAULT_TENANT, SkillCreate(skill="rules", tokens=SKILL)))
+    assert (info.num_tokens, info.model) == (len(SKILL), "sglang")
+    assert stack.tree.protected_size() >= len(SKILL)  # held: eviction cannot take it
+    compose = ComposeDirective(skill="rules", at=20, seam_tokens=4)
+    resp = _apply(service, session, [compose], 1)
+    assert (resp.path, resp.fallback_reason) == (Path.splice, None)
+    assert [(b.start, b.end) for b in resp.composed] == [(20, 44)]
+    assert (resp.reused_tokens, resp.prefilled_tokens) == (100, 4)
+    new = _tokens(service, session)
+    assert new == tuple([*OLD[:20], *SKILL, *OLD[20:]])
+    salt = link.salts[-1]
+    assert salt is not None and link.prefilled[-1] == 24  # the prefix and the seam
+    ops = TreeOps(stack.tree)
+    assert ops.match(list(new), salt).length == len(new)
+    assert ops.match(list(new)).length == 20  # nobody else matches the composed KV
+    # Later edits of the composed session build in its namespace too.
+    resp = _apply(service, session, [SpliceDirective(span=TokenSpan(start=50, end=60))], 2)
+    assert (resp.path, resp.fallback_reason) == (Path.splice, None)
+    newer = _tokens(service, session)
+    assert ops.match(list(newer), salt).length == len(newer)
+    assert ops.match(list(newer)).length == 20
+    _run(service.delete_skill(DEFAULT_TENANT, "rules"))
+    ops.evict_all()
+    assert ops.match(SKILL).length == 0
+
+
+def test_compose_of_an_unknown_skill_changes_nothing() -> None:
+    stack = build("legacy")
+    service, _ = _service(stack)
+    session = _create(service, "s", OLD)
+    before = stack.snapshot()
+    with pytest.raises(LeylineError) as info:
+        _apply(service, session, [ComposeDirective(skill="nope", at=5)], 1)
+    assert info.value.code is ErrorCode.unknown_skill
+    assert _tokens(service, session) == tuple(OLD)
+    after = stack.snapshot()
+    assert all(torch.equal(a, b) for a, b in zip(after[0], before[0], strict=True))
+    assert after[1:] == before[1:]

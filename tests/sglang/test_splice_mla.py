@@ -116,19 +116,19 @@ def test_replacement_without_rows_asks_for_a_prefill_then_completes(kind: TreeKi
     assert free_slot_count(stack) == (stack.size, stack.size)
 
 
-def _prefill_extension(stack: Stack, tokens: list[int]) -> None:
+def _prefill_extension(stack: Stack, tokens: list[int], salt: str | None = None) -> None:
     from array import array
 
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
     ops = TreeOps(stack.tree)
-    match = ops.match(tokens)
+    match = ops.match(tokens, salt)
     fresh = stack.allocator.alloc(len(tokens) - match.length).to(torch.int64)
     for buf in stack.pool.kv_buffer:
         buf[fresh] = torch.randn(len(fresh), 1, buf.shape[-1]).to(buf.dtype)
     slots = torch.cat([match.slots, fresh])
-    key = RadixKey(array("q", tokens))
+    key = RadixKey(array("q", tokens), cache_salt=salt)
     stack.tree.insert(InsertParams(key=key, value=slots, prev_prefix_len=match.length))
 
 
