@@ -1,0 +1,122 @@
+"""COMPOSE on the live server vs the reference engine's compose on the same weights.
+
+A skill is registered over HTTP (the plugin prefills it in SGLang and holds its path), a
+session composes it mid-prompt with a 4-token seam, and a completion turn on the session
+reads the next-token distribution: SGLang's own forward over the KV the plugin built. The
+reference engine compiles the same skill and composes it into the same tokens; both run
+in fp32, so the logprobs must agree to ``TOLERANCE``. They must also differ from a full
+prefill of the composed tokens (a compose is an approximation: without that gap the check
+could not tell a compose from a re-prefill), and a plain ``/generate`` of the composed
+tokens must not find the composed KV (protocol 3.4: only the session reads it).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import torch
+
+from leyline.protocol.resources import Routes
+
+from ._live import (
+    TOLERANCE,
+    apply,
+    create_session,
+    generate,
+    max_delta,
+    prompt_text,
+    record,
+    reference_logprobs,
+    session_tokens,
+)
+
+if TYPE_CHECKING:
+    from leyline.server_adapter.engine import Engine
+
+SEAM = 4
+RULES = (
+    "Rules for this agent: read a file before editing it; run the tests after every edit; "
+    "never delete a test to make it pass; keep each change small and explain it in one line."
+)
+
+
+def _register(server: httpx.Client, skill: str, tokens: list[int]) -> dict[str, Any]:
+    reply = server.post(Routes.skills, json={"skill": skill, "tokens": tokens})
+    assert reply.status_code == 201, reply.text
+    return dict(reply.json())
+
+
+def _turn_top(server: httpx.Client, session: str, tokens: list[int]) -> tuple[dict, dict]:
+    """A completion turn on ``session`` with ``tokens`` as its prompt (one greedy token,
+    top-20 logprobs): SGLang's distribution, by token id, and the turn's ``leyline`` report."""
+    body = {
+        "prompt": tokens, "max_tokens": 1, "temperature": 0, "logprobs": 20,
+        "leyline": {"session": session},
+    }  # fmt: skip
+    reply = server.post("/v1/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    out = reply.json()
+    top: dict[int, float] = {}
+    for text, logprob in out["choices"][0]["logprobs"]["top_logprobs"][0].items():
+        ids = server.post(Routes.tokenize, json={"text": text}).json()["tokens"]
+        if len(ids) == 1:  # texts that name one token unambiguously
+            top[int(ids[0])] = float(logprob)
+    assert len(top) >= 10, out["choices"][0]["logprobs"]
+    return top, out["leyline"]
+
+
+def test_compose_matches_the_reference_compose_and_stays_private(
+    server: httpx.Client, reference: Engine, report_path: Path | None
+) -> None:
+    from leyline.server_adapter.session import SessionCache
+    from leyline.server_adapter.skills import compile_skill
+
+    tokens = list(reference.encode(prompt_text("compose")))
+    skill = list(reference.encode(f"{RULES} (rule set {uuid.uuid4().hex[:6]})"))
+    skill_id = f"rules-{uuid.uuid4().hex[:8]}"
+    info = _register(server, skill_id, skill)
+    assert info["num_tokens"] == len(skill)
+    session, base = create_session(server, tokens)
+    at = len(tokens) // 3
+    directive = {"verb": "compose", "skill": skill_id, "at": at, "seam_tokens": SEAM}
+    reply = apply(server, session, base, [directive])
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["path"] == "splice" and body["fallback_reason"] is None, body
+    assert [(b["start"], b["end"]) for b in body["composed"]] == [(at, at + len(skill))]
+    assert body["prefilled_tokens"] == SEAM, body  # the seam; the rest reused, rotated
+    assert body["rotated_tokens"] == len(skill) - SEAM + len(tokens) - at, body
+    new, _ = session_tokens(server, session)
+    assert new == tokens[:at] + skill + tokens[at:]
+
+    got, turn = _turn_top(server, session, new)
+    assert turn["path"] == "prefix_hit" and turn["reused_tokens"] == len(new) - 1, turn
+
+    ref = SessionCache(reference)
+    ref.prefill(tokens)
+    ref.compose(compile_skill(reference, skill, skill_id="x", tenant="t"), at, seam_tokens=SEAM)
+    expected = torch.log_softmax(ref.next_token_logits().double(), -1)
+    delta = max_delta(got, expected)
+    full = reference_logprobs(reference, new)
+    gap = max_delta(got, full)
+    # Nobody else reads the composed KV: a plain generate of the same tokens finds only
+    # the public prefix and computes a full prefill.
+    plain = generate(server, new)
+    plain_delta = max_delta(plain.top, full)
+    record(
+        report_path, check="compose (K=4, mid-prompt)", max_delta_logprob=delta,
+        gap_to_full_prefill=gap, plain_generate_cached=plain.cached_tokens,
+        plain_generate_delta_to_full=plain_delta, tokens=len(new), block=len(skill),
+    )  # fmt: skip
+    assert delta <= TOLERANCE
+    assert gap > 10 * TOLERANCE, "the compose should differ from a full prefill"
+    assert plain.cached_tokens == at and plain_delta <= TOLERANCE
+
+    assert server.delete(Routes.skill.format(skill=skill_id)).status_code == 204
+    session2, base2 = create_session(server, tokens)
+    gone = apply(server, session2, base2, [directive])
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "unknown_skill"
+    assert session_tokens(server, session2) == (tokens, base2)
