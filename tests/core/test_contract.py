@@ -271,25 +271,30 @@ def test_a_session_that_cannot_be_kept_is_refused_not_created(engine: Engine) ->
         backend.shutdown()
 
 
-def test_compose_runs_where_capabilities_say_so_and_is_refused_elsewhere(
+def test_compose_inserts_a_registered_skill_and_reports_its_seam_as_prefilled(
     service: SessionService[Any],
 ) -> None:
     create(service, session="s", tokens=list(range(10, 60)))
     before = state(service, "s")
     body = SkillCreate(skill="rules", tokens=list(range(100, 120)))
-    compose = ComposeDirective(skill="rules", at=7)
-    if Verb.compose not in service.capabilities().verbs:  # SGLang: no skills kept
-        assert code_of(lambda: run(service.create_skill(A, body))) is ErrorCode.unsupported_verb
-        refused = code_of(lambda: apply(service, "s", before.revision, compose))
-        assert refused is ErrorCode.unsupported_verb
-        assert state(service, "s") == before
-        return
+    compose = ComposeDirective(skill="rules", at=7, seam_tokens=3)
+    assert Verb.compose in service.capabilities().verbs  # both backends compose
     info = run(service.create_skill(A, body))
     assert info.num_tokens == 20
     assert code_of(lambda: run(service.get_skill(B, "rules", False))) is ErrorCode.unknown_skill
     response = apply(service, "s", before.revision, compose)
+    assert response.path is Path.splice
     assert [(b.start, b.end) for b in response.composed] == [(7, 27)]
-    assert state(service, "s").tokens == [*range(10, 17), *range(100, 120), *range(17, 60)]
+    new = [*range(10, 17), *range(100, 120), *range(17, 60)]
+    assert state(service, "s").tokens == new
+    # The seam is computed; the rest of the block and everything else is reused.
+    assert (response.reused_tokens, response.prefilled_tokens) == (len(new) - 3, 3)
+    # A deleted skill is unknown to the next compose, which changes nothing.
+    run(service.delete_skill(A, "rules"))
+    after = state(service, "s")
+    gone = ComposeDirective(skill="rules", at=0)
+    assert code_of(lambda: apply(service, "s", after.revision, gone)) is ErrorCode.unknown_skill
+    assert state(service, "s") == after
 
 
 def test_an_anchored_skill_is_kept_with_its_anchor_or_refused_with_nothing_kept(
@@ -301,10 +306,7 @@ def test_an_anchored_skill_is_kept_with_its_anchor_or_refused_with_nothing_kept(
     block, lead = list(range(100, 120)), list(range(30, 36))
     body = SkillCreate(skill="anchored", tokens=block, anchor={"tokens": lead})  # type: ignore[arg-type]
     caps = service.capabilities()
-    if Verb.compose not in caps.verbs:
-        assert code_of(lambda: run(service.create_skill(A, body))) is ErrorCode.unsupported_verb
-        return
-    assert caps.skill_anchors
+    assert Verb.compose in caps.verbs and caps.skill_anchors
     bad_anchors = [
         ({"tokens": [10**7]}, ErrorCode.invalid_directive, "anchor.tokens"),
         ({"tokens": list(range(10, 10 + 500))}, ErrorCode.limit_exceeded, "tokens"),
