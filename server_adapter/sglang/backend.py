@@ -120,10 +120,21 @@ class SglangSession:
     """The handle: the protocol state only (the tree holds the KV, shared by tokens)."""
 
     view: SessionView = field(default_factory=SessionView)
-    salt: str | None = None
-    """The session's own cache namespace (SGLang's ``cache_salt``) once it has composed: a
-    composed sequence is not a prefill of its tokens, so no other request may match it
-    (protocol 3.4). None: the public namespace, shared by every request."""
+    shared_salt: str | None = None
+    """The namespace the session shares with requests of its ``cache_salt`` (SGLang's own
+    ``cache_salt``: keys of different salts never share a tree node); None: the public one."""
+    private_salt: str | None = None
+    """The session's own namespace once it has composed: a composed sequence is not a
+    prefill of its tokens, so no other request may match it (protocol 3.4)."""
+
+    shared_tokens: tuple[int, ...] = ()
+    """What the session held in its shared namespace when it went private (that namespace
+    still caches them, for every request of its salt)."""
+
+    @property
+    def salt(self) -> str | None:
+        """Where the session's KV is now."""
+        return self.private_salt or self.shared_salt
 
 
 class SglangBackend:
@@ -161,11 +172,10 @@ class SglangBackend:
             architectures=list(LAYOUTS),
             models=[self.model_name] if self.model_name else [],
             limits=self._limits,
-            # SGLang maps no API key to a tenant (the plugin adds no access layer), and its
-            # radix tree is one cache for the whole server, which the plugin cannot salt
-            # (``open``): a session's cache_salt is refused rather than ignored.
+            # SGLang maps no API key to a tenant (the plugin adds no access layer); its
+            # radix tree is partitioned by SGLang's own ``cache_salt`` (``open``).
             tenants=False,
-            cache_salt=False,
+            cache_salt=True,
             # The block's keys are the tree's prefill after its anchor, rotated like any
             # kept run; selective recompute is not built here (``none`` only).
             skill_anchors=True,
@@ -255,9 +265,12 @@ class SglangBackend:
     # -- handles ------------------------------------------------------------------------
 
     def open(self, salt: str) -> SglangSession:
-        # SGLang's radix tree is one cache for the whole server: the plugin cannot salt it
-        # (docs/sglang.md). Sessions themselves are still isolated by the core.
-        return SglangSession()
+        # ``salt`` is the core's partition: the tenant (always the default one here), then
+        # the session's cache_salt. SGLang's tree is partitioned by its own cache_salt, so
+        # a session with one shares KV with exactly the requests (``/generate`` included)
+        # that carry the same cache_salt.
+        _, sep, cache_salt = salt.partition("\x00")
+        return SglangSession(shared_salt=cache_salt if sep else None)
 
     def view(self, handle: SglangSession) -> SessionView:
         return handle.view
@@ -293,9 +306,7 @@ class SglangBackend:
         if forget_from is not None:
             # Everything from the forget on is prefilled by the next generate: a block
             # there is computed in full (protocol 3.4), so nothing needs a namespace.
-            out = checked(
-                await self.link.send("forget", base.tokens, plan.edits, old_salt=handle.salt)
-            )
+            out = await self._forget(handle, plan)
             report = self._report(plan, Path.reprefill, min(out.cached_tokens, forget_from), 0)
         elif plan.composes:
             report = await self._compose(handle, plan, allow_fallback)
@@ -315,12 +326,32 @@ class SglangBackend:
         tenant = plan.tenant or DEFAULT_TENANT
         with self.skills.using(tenant, [c.skill for c in plan.composes]) as skills:
             blocks = _blocks(plan, skills)
-            salt = handle.salt or _private_salt()
+            salt = handle.private_salt or _private_salt()
             report = await self._splice(plan, allow_fallback, blocks, handle.salt, salt)
         # A fallback may leave part of a build in ``salt``'s namespace; the generate that
         # re-prefills must not find it, so the session moves to a namespace of its own.
-        handle.salt = salt if report.path is Path.splice else _private_salt()
+        if handle.private_salt is None:
+            handle.shared_tokens = handle.view.tokens
+        handle.private_salt = salt if report.path is Path.splice else _private_salt()
         return report
+
+    async def _forget(self, handle: SglangSession, plan: EditPlan) -> SchedulerAnswer:
+        """Purge what was derived from the forgotten span where the session's KV is, and,
+        once it has composed, where it was before (its shared namespace still caches the
+        revisions before the first compose)."""
+        base = handle.view
+        out = checked(await self.link.send("forget", base.tokens, plan.edits, old_salt=handle.salt))
+        if handle.private_salt is not None:
+            # Positions there are the tokens' before the first compose: purge from where
+            # the revisions part (or from the forget, if earlier), which covers wherever
+            # the forgotten tokens sat.
+            shared = handle.shared_tokens
+            start = plan.forget_from
+            assert start is not None
+            cut = min(start, common_prefix(shared, base.tokens))
+            edit = Edit(cut, cut, ())
+            checked(await self.link.send("forget", shared, [edit], old_salt=handle.shared_salt))
+        return out
 
     async def _splice(
         self,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from leyline.protocol import ErrorCode, LeylineError, Limits
+from leyline.protocol import Capabilities, ErrorCode, LeylineError, Limits
 from leyline.protocol.resources import SessionCreate
 from leyline.server_adapter.core.service import SessionService
 from leyline.server_adapter.core.sessions import Evicted, SessionStore
@@ -160,8 +160,16 @@ def test_a_session_too_large_for_the_server_is_refused_the_same_way() -> None:
     assert len(svc.store) == 0
 
 
+class Unsalted(ByToken):
+    """A backend whose cache cannot be partitioned by a salt (SGLang's can)."""
+
+    def capabilities(self) -> Capabilities:
+        return super().capabilities().model_copy(update={"cache_salt": False})
+
+
 def test_a_backend_that_cannot_salt_refuses_a_cache_salt() -> None:
-    svc = service()
+    backend = Unsalted(ScriptedScheduler(), None, limits=Limits(), vocab_size=1000)
+    svc = SessionService(backend, SessionStore(backend))
     assert svc.capabilities().cache_salt is False
     with pytest.raises(LeylineError) as info:
         create(svc, A, session="s", tokens=[1, 2], cache_salt="s1")

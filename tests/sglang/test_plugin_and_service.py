@@ -245,3 +245,19 @@ def test_compose_of_an_unknown_skill_changes_nothing() -> None:
     after = stack.snapshot()
     assert all(torch.equal(a, b) for a, b in zip(after[0], before[0], strict=True))
     assert after[1:] == before[1:]
+
+
+def test_a_cache_salt_is_sglangs_own_namespace_on_the_real_tree() -> None:
+    """A session with a cache_salt lives under SGLang's ``cache_salt`` key: the public tree
+    never matches it, and its splice is built there too."""
+    stack = build("unified-python")
+    service, link = _service(stack)
+    body = SessionCreate(session="s", tokens=OLD, cache_salt="team-1")
+    _run(service.create(DEFAULT_TENANT, body))
+    assert link.salts == ["team-1"]
+    ops = TreeOps(stack.tree)
+    assert (ops.match(OLD, "team-1").length, ops.match(OLD).length) == (len(OLD), 0)
+    resp = _apply(service, "s", [SpliceDirective(span=TokenSpan(start=20, end=50))], 1)
+    assert (resp.path, resp.fallback_reason) == (Path.splice, None)
+    new = _tokens(service, "s")
+    assert (ops.match(list(new), "team-1").length, ops.match(list(new)).length) == (len(new), 0)

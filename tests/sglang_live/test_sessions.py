@@ -45,6 +45,31 @@ def test_stale_revision_is_409(server: httpx.Client, reference: Engine) -> None:
     assert session_tokens(server, session) == after  # nothing changed
 
 
+def _cached(server: httpx.Client, tokens: list[int], salt: str | None) -> int:
+    """How many prompt tokens a plain ``/generate`` (with SGLang's ``cache_salt``) found."""
+    body = {"input_ids": tokens, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    reply = server.post("/generate", json=body | ({"cache_salt": salt} if salt else {}))
+    assert reply.status_code == 200, reply.text
+    return int(reply.json()["meta_info"]["cached_tokens"])
+
+
+def test_a_cache_salt_partitions_the_tree_as_sglangs_own(
+    server: httpx.Client, reference: Engine
+) -> None:
+    """A session made with a ``cache_salt`` shares its KV with the requests that carry the
+    same salt (SGLang's own ``/generate`` included) and with nobody else."""
+    assert server.get(Routes.capabilities).json()["cache_salt"] is True
+    # Four random leading ids: no other prompt's path in the public tree starts this way.
+    lead = [int(uuid.uuid4().int % 40_000) + 1_000 for _ in range(4)]
+    tokens = lead + list(reference.encode(prompt_text("salt")))
+    salt = f"team-{uuid.uuid4().hex[:8]}"
+    reply = server.post(Routes.sessions, json={"tokens": tokens, "cache_salt": salt})
+    assert reply.status_code == 201, reply.text
+    assert _cached(server, tokens, None) <= 1  # a leading id may coincide, not two
+    assert _cached(server, tokens, f"{salt}-other") == 0
+    assert _cached(server, tokens, salt) == len(tokens) - 1
+
+
 def test_conformance() -> None:
     """``leyline conformance URL`` itself, unchanged: every check passes."""
     url = os.environ["LEYLINE_SGLANG_URL"]

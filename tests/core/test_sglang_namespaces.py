@@ -1,0 +1,98 @@
+"""Where the SGLang backend keeps a session's KV: which ``cache_salt`` namespace of the tree.
+
+Over the scripted scheduler (one token set per namespace): a session with a ``cache_salt``
+lives in SGLang's namespace of that salt (shared with every request that carries it); the
+first compose moves the session to a namespace of its own, where every later write and
+generate goes; a forget after that purges both. SGLang's real tree is in ``tests/sglang``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from leyline.protocol import Limits, Path
+from leyline.protocol.directives import ComposeDirective, ForgetDirective, SpliceDirective
+from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCreate
+from leyline.protocol.spans import TokenSpan
+from leyline.server_adapter.core.service import SessionService
+from leyline.server_adapter.core.sessions import DEFAULT_TENANT, SessionStore
+from leyline.server_adapter.sglang.backend import SglangBackend
+
+from .scripted_scheduler import ScriptedScheduler
+
+OLD = tuple(range(100, 160))
+SKILL = tuple(range(500, 520))
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def _service() -> tuple[SessionService[Any], ScriptedScheduler, SglangBackend]:
+    scheduler = ScriptedScheduler()
+    backend = SglangBackend(scheduler, None, limits=Limits(), vocab_size=1 << 16)
+    return SessionService(backend, SessionStore(backend)), scheduler, backend
+
+
+def _apply(service: SessionService[Any], session: str, revision: int, directive: Any) -> Any:
+    body = ApplyDirectives(base_revision=revision, directives=[directive])
+    return run(service.apply(DEFAULT_TENANT, session, body))
+
+
+def _handle(service: SessionService[Any], session: str) -> Any:
+    return service.store.get(DEFAULT_TENANT, session).handle
+
+
+def test_a_cache_salt_is_sglangs_own_and_isolates_the_session() -> None:
+    service, scheduler, backend = _service()
+    assert backend.capabilities().cache_salt
+    body = SessionCreate(session="s", tokens=list(OLD), cache_salt="team-1")
+    run(service.create(DEFAULT_TENANT, body))
+    assert scheduler.cached_length(OLD, "team-1") == len(OLD)
+    assert scheduler.cached_length(OLD) == 0  # the public namespace has none of it
+    run(service.create(DEFAULT_TENANT, SessionCreate(session="p", tokens=list(OLD))))
+    assert scheduler.cached_length(OLD) == len(OLD)
+    response = _apply(
+        service, "s", 1, SpliceDirective(span=TokenSpan(start=10, end=20), replacement=[])
+    )
+    assert response.path is Path.splice
+    new = OLD[:10] + OLD[20:]
+    assert scheduler.cached_length(new, "team-1") == len(new)
+    assert scheduler.cached_length(new) == 10
+
+
+def test_the_first_compose_moves_the_session_to_its_own_namespace_for_good() -> None:
+    service, scheduler, _ = _service()
+    run(service.create(DEFAULT_TENANT, SessionCreate(session="s", tokens=list(OLD))))
+    run(service.create_skill(DEFAULT_TENANT, SkillCreate(skill="k", tokens=list(SKILL))))
+    response = _apply(service, "s", 1, ComposeDirective(skill="k", at=30, seam_tokens=2))
+    assert response.path is Path.splice
+    handle = _handle(service, "s")
+    private = handle.private_salt
+    assert private is not None and handle.shared_salt is None and handle.shared_tokens == OLD
+    composed = OLD[:30] + SKILL + OLD[30:]
+    assert scheduler.cached_length(composed, private) == len(composed)
+    assert scheduler.cached_length(composed) == 30  # nobody else reads the composed KV
+    _apply(service, "s", 2, SpliceDirective(span=TokenSpan(start=70, end=75), replacement=[]))
+    assert handle.private_salt == private  # later writes stay there
+    spliced = composed[:70] + composed[75:]
+    assert scheduler.cached_length(spliced, private) == len(spliced)
+
+
+def test_a_forget_after_a_compose_purges_the_shared_namespace_too() -> None:
+    """The forgotten tokens also sit in the shared namespace's copy of the session from
+    before the compose (at other positions): it is purged from where the two part."""
+    service, scheduler, _ = _service()
+    run(service.create(DEFAULT_TENANT, SessionCreate(session="s", tokens=list(OLD))))
+    run(service.create_skill(DEFAULT_TENANT, SkillCreate(skill="k", tokens=list(SKILL))))
+    _apply(service, "s", 1, ComposeDirective(skill="k", at=30, seam_tokens=2))
+    private = _handle(service, "s").private_salt
+    forget = ForgetDirective(
+        span=TokenSpan(start=60, end=66), replacement=[]
+    )  # OLD[40:46], moved by 20
+    response = _apply(service, "s", 2, forget)
+    assert response.path is Path.reprefill
+    assert scheduler.cached_length(OLD) == 30  # purged from where the revisions part
+    composed = OLD[:30] + SKILL + OLD[30:]
+    assert scheduler.cached_length(composed, private) == 60
