@@ -129,3 +129,73 @@ def test_compose_matches_the_reference_compose_and_stays_private(
     gone = apply(server, session2, base2, [directive])
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "unknown_skill"
     assert session_tokens(server, session2) == (tokens, base2)
+
+
+CLIENTS = 4
+
+
+def _compose_client(url: str, tokens: list[int], skill_id: str, at: int) -> dict[str, Any]:
+    """One client: a session, a compose, a completion turn on it, then the session deleted."""
+    with httpx.Client(base_url=url, timeout=600) as http:
+        session, base = create_session(http, tokens)
+        directive = {"verb": "compose", "skill": skill_id, "at": at, "seam_tokens": SEAM}
+        reply = apply(http, session, base, [directive])
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        new, _ = session_tokens(http, session)
+        top, turn = _turn_top(http, session, new)
+        assert http.delete(Routes.session.format(session=session)).status_code == 204
+        return {"body": body, "turn": turn, "top": top, "tokens": new}
+
+
+def test_composes_under_load_leak_nothing(
+    server: httpx.Client, reference: Engine, report_path: Path | None
+) -> None:
+    """Clients compose two skills (one shared by all) into sessions of their own at once,
+    beside registrations and a delete; every answer is typed and a splice; one session
+    equals the reference compose; once skills and sessions are gone, SGLang's count of used
+    KV slots at idle is back at its baseline (the holds were let go, nothing leaked)."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from leyline.server_adapter.session import SessionCache
+    from leyline.server_adapter.skills import compile_skill
+
+    from .test_load import _idle_used_tokens
+
+    url = os.environ["LEYLINE_SGLANG_URL"]
+    baseline = _idle_used_tokens(server)
+    nonce = uuid.uuid4().hex[:6]
+    skills = {
+        f"shared-{nonce}": list(reference.encode(f"{RULES} (shared {nonce})")),
+        f"own-{nonce}": list(reference.encode(f"Tool manual {nonce}: call read(path) first.")),
+    }
+    for skill_id, skill in skills.items():
+        _register(server, skill_id, skill)
+    held = _idle_used_tokens(server)  # locked slots are neither free nor evictable
+    assert held == baseline + sum(len(s) for s in skills.values()), (baseline, held)
+    ids = list(skills)
+    prompts = [list(reference.encode(prompt_text(f"compose-load-{i}", lines=6))) for i in range(4)]
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        runs = [
+            pool.submit(_compose_client, url, prompts[i], ids[i % 2], 10 + 7 * i)
+            for i in range(CLIENTS)
+        ]
+        outs = [run.result() for run in runs]
+    for out in outs:
+        assert out["body"]["path"] == "splice" and out["body"]["fallback_reason"] is None
+        assert out["turn"]["reused_tokens"] == len(out["tokens"]) - 1, out["turn"]
+    ref = SessionCache(reference)
+    ref.prefill(prompts[0])
+    ref.compose(compile_skill(reference, skills[ids[0]], skill_id="x", tenant="t"), 10,
+                seam_tokens=SEAM)  # fmt: skip
+    delta = max_delta(outs[0]["top"], torch.log_softmax(ref.next_token_logits().double(), -1))
+    for skill_id in ids:
+        assert server.delete(Routes.skill.format(skill=skill_id)).status_code == 204
+    after = _idle_used_tokens(server)
+    record(
+        report_path, check="composes under load", clients=CLIENTS, max_delta_logprob=delta,
+        used_tokens_before=baseline, used_tokens_while_held=held, used_tokens_after=after,
+    )  # fmt: skip
+    assert delta <= TOLERANCE
+    assert after == baseline, f"KV slots used at idle: {baseline} before, {after} after"
