@@ -102,6 +102,14 @@ class _Piece:
     def delta(self) -> int:
         return 0 if self.src_start is None else self.new_start - self.src_start
 
+    @property
+    def held_end(self) -> int:
+        """Where the KV its source holds for it ends (a generation's sampled last token,
+        or a partial last page, has none: a generate computes those)."""
+        if self.source is None or self.src_start is None:
+            return self.new_start
+        return min(self.new_end, self.new_start + max(0, self.source.length - self.src_start))
+
 
 class SpliceExecutor:
     """Splices on one scheduler's ``tree_cache``, KV pool rows and ``req_to_token_pool``."""
@@ -175,10 +183,17 @@ class SpliceExecutor:
         reason = self._reason(stop, pending)
         segments = [_clip(s, end) for s in segments if s.new_start < end]
         reused = sum(
-            min(p.new_end - p.new_start, max(0, end - p.new_start))
-            for p in pieces
-            if p.kind != "fresh"
+            max(0, min(p.held_end, end) - p.new_start) for p in pieces if p.kind != "fresh"
         )
+        rotated = sum(s.new_end - s.new_start for s in segments if s.delta != 0)
+        written = sum(s.new_end - s.new_start for s in segments if s.src_start is None)
+        if stop == len(new) and _last_needs_context(pieces, result.first_change, len(new)):
+            # Protocol 3.1 (and 3.4): a moved last token must see its new context before
+            # anything follows it. The tree is not given its copied KV, so every generate,
+            # of these tokens or of more, computes it afresh (as it must for its logits).
+            end = floor_page(stop - 1, self.page_size)
+            reason = self._reason(stop - 1, pending)
+            segments = [_clip(s, end) for s in segments if s.new_start < end]
         if end <= base:
             return SpliceOutcome(new, base, min(reused, base), 0, 0, pending, reason)
         fresh = self._alloc(end - base)
@@ -201,8 +216,8 @@ class SpliceExecutor:
             tokens=new,
             cached_tokens=end,
             reused_tokens=reused,
-            rotated_tokens=sum(s.new_end - s.new_start for s in segments if s.delta != 0),
-            written_tokens=sum(s.new_end - s.new_start for s in segments if s.src_start is None),
+            rotated_tokens=rotated,
+            written_tokens=written,
             pending_prefill=pending,
             fallback_reason=reason,
         )
@@ -225,7 +240,7 @@ class SpliceExecutor:
         """
         page = self.page_size
         segments: list[_Segment] = []
-        for piece in pieces:
+        for i, piece in enumerate(pieces):
             if piece.new_end <= base:
                 continue
             start = max(piece.new_start, base)
@@ -246,6 +261,12 @@ class SpliceExecutor:
                     cut = max(start, piece.new_start + source.length - piece.src_start)
                     if cut > start:
                         segments.append(_Segment(start, cut, src_start, piece.delta, None, source))
+                    want = min(ceil_page(piece.new_end, page), n_new)
+                    if i + 1 < len(pieces) and floor_page(want, page) > cut:
+                        # More follows (say, a block composed after the last turn): a
+                        # generate computes the tokens that never had KV, then the build
+                        # goes on, rather than leaving everything after them to it.
+                        return segments, cut, want
                     return segments, cut, None
                 segments.append(
                     _Segment(start, piece.new_end, src_start, piece.delta, None, source)
@@ -343,6 +364,13 @@ def _pieces(
         if at < run.new_end:
             pieces.append(_Piece("fresh", at, run.new_end))
     return pieces
+
+
+def _last_needs_context(pieces: Sequence[_Piece], first_change: int, n_new: int) -> bool:
+    """Whether the sequence's last token is copied KV from after the first change (moved,
+    or a skill's): it did not attend to its new context."""
+    last = pieces[-1] if pieces else None
+    return last is not None and last.kind != "fresh" and n_new - 1 >= first_change
 
 
 def _clip(seg: _Segment, end: int) -> _Segment:

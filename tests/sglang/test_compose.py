@@ -133,14 +133,14 @@ def test_the_block_is_the_skill_rotated_to_its_position_in_the_session_namespace
     assert out.rotated_tokens == body + downstream
     assert out.reused_tokens == AT + body + downstream
     mine = _slots(stack, new, SALT)
-    assert len(mine) == len(new)
+    assert len(mine) == len(new) - 1  # the moved last token is left to the generate
     skill_slots, old_slots = _slots(stack, SKILL, None), _slots(stack, OLD, None)
     # Block past the seam: the skill's KV, keys turned from 0.. to AT + SEAM..
     positions = torch.arange(AT + SEAM, AT + len(SKILL))
     _check_rotated(stack, skill_slots[SEAM:], mine[AT + SEAM : AT + len(SKILL)], positions)
     # Downstream: the old KV moved by the block's length, as a splice moves it.
-    positions = torch.arange(AT + len(SKILL), len(new))
-    _check_rotated(stack, old_slots[AT:], mine[AT + len(SKILL) :], positions)
+    positions = torch.arange(AT + len(SKILL), len(new) - 1)
+    _check_rotated(stack, old_slots[AT:-1], mine[AT + len(SKILL) :], positions)
     # The prefix: a bitwise copy in the session's own namespace (not the public slots).
     assert not set(mine[:AT].tolist()) & set(old_slots.tolist())
     for buf in stack.pool.kv_buffer:
@@ -224,7 +224,7 @@ def test_a_page_the_tree_does_not_hold_of_the_skill_is_prefilled(kind: TreeKind)
         _write(stack, list(out.tokens[: out.pending_prefill]), SALT, seed=len(asked) + 3)
     assert asked == [AT + SEAM, AT + 23 + 1]  # the seam; the tail to the end of its page
     mine = _slots(stack, out.tokens, SALT)
-    assert len(mine) == len(out.tokens) - len(out.tokens) % 4
+    assert len(mine) == len(out.tokens) - 1 - (len(out.tokens) - 1) % 4
     src = _slots(stack, skill, None)[SEAM:20]
     _check_rotated(stack, src, mine[AT + SEAM : AT + 20], torch.arange(AT + SEAM, AT + 20))
 
@@ -256,3 +256,60 @@ def test_a_block_that_is_not_its_skills_tokens_is_refused_with_nothing_changed()
     after = stack.snapshot()
     assert all(torch.equal(a, b) for a, b in zip(after[0], before[0], strict=True))
     assert after[1:] == before[1:]
+
+
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_a_block_that_ends_the_sequence_leaves_its_last_token_to_the_generate(
+    kind: TreeKind,
+) -> None:
+    """Protocol 3.4: a block that ends the new sequence has its last token recomputed in
+    context before anything follows it; the tree holds the rest of the block."""
+    stack = build(kind)
+    _write(stack, OLD, None, seed=1)
+    _write(stack, SKILL, None, seed=2)
+    assert _hold(_scheduler(stack), "skill", SKILL).ok
+    n = len(OLD)
+    block = BlockSource(n, n + len(SKILL), tuple(SKILL), 0, 0)
+    out = stack.executor().splice(OLD, [Edit(n, n, tuple(SKILL))], blocks=[block], new_salt=SALT)
+    assert out.pending_prefill is None and out.cached_tokens == n + len(SKILL) - 1
+    assert len(_slots(stack, out.tokens, SALT)) == n + len(SKILL) - 1
+
+
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_a_last_token_before_every_change_keeps_its_kv(kind: TreeKind) -> None:
+    """A cut of the tail leaves the last token in the unchanged prefix: its KV already saw
+    exactly its context, so the tree holds all of it."""
+    stack = build(kind)
+    _write(stack, OLD, None, seed=1)
+    out = stack.executor().splice(OLD, [Edit(50, 60, ())])
+    assert out.cached_tokens == 50 and TreeOps(stack.tree).match(OLD[:50]).length == 50
+
+
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_a_block_after_a_generations_uncached_last_token_is_still_copied(
+    kind: TreeKind,
+) -> None:
+    """A session ends with the token its last generation sampled, which the tree never
+    holds. A block composed after it: the generate computes that token, then the build
+    goes on and copies the block (it is not left to the generate)."""
+    stack = build(kind)
+    _write(stack, OLD[:-1], None, seed=1)  # the last token's KV was never computed
+    _write(stack, SKILL, None, seed=2)
+    assert _hold(_scheduler(stack), "skill", SKILL).ok
+    n = len(OLD)
+    block = BlockSource(n, n + len(SKILL), tuple(SKILL), 0, SEAM)
+    edit = Edit(n, n, tuple(SKILL))
+    executor, asked = stack.executor(), []
+    for round_ in range(4):
+        out = executor.splice(OLD, [edit], blocks=[block], new_salt=SALT)
+        if out.pending_prefill is None:
+            break
+        asked.append(out.pending_prefill)
+        _write(stack, list(out.tokens[: out.pending_prefill]), SALT, seed=10 + round_)
+    assert asked == [n, n + SEAM]  # the sampled token, then the seam
+    assert out.rotated_tokens == len(SKILL) - SEAM
+    assert out.reused_tokens == n - 1 + len(SKILL) - SEAM  # not the computed token
+    mine = _slots(stack, out.tokens, SALT)
+    body = mine[n + SEAM :]
+    src = _slots(stack, SKILL, None)[SEAM : SEAM + len(body)]
+    _check_rotated(stack, src, body, torch.arange(n + SEAM, n + SEAM + len(body)))

@@ -33,14 +33,16 @@ def _splice(stack: Stack, replacement: tuple[int, ...] = ()):
 
 
 @pytest.mark.parametrize("kind", TREE_KINDS)
-def test_spliced_sequence_rematches_in_full(kind: TreeKind) -> None:
+def test_spliced_sequence_rematches_all_but_its_moved_last_token(kind: TreeKind) -> None:
+    """The moved last token must see its new context before anything follows it (protocol
+    3.1): the tree is not given its copied KV, so any generate computes it afresh."""
     stack = build(kind)
     out = _splice(stack)
     assert out.tokens == tuple(OLD[:20] + OLD[50:])
     assert out.pending_prefill is None and out.fallback_reason is None
     assert (out.reused_tokens, out.rotated_tokens) == (50, 30)
     match = TreeOps(stack.tree).match(list(out.tokens))
-    assert match.length == len(out.tokens)
+    assert match.length == out.cached_tokens == len(out.tokens) - 1
     # The old sequence is still cached too (other requests may hold it).
     assert TreeOps(stack.tree).match(OLD).length == len(OLD)
 
@@ -51,8 +53,8 @@ def test_rotated_band_matches_sglang_rope_at_new_positions(kind: TreeKind) -> No
     out = _splice(stack)
     ops = TreeOps(stack.tree)
     old_slots, new_slots = ops.match(OLD).slots, ops.match(list(out.tokens)).slots
-    moved_old = old_slots[50:]
     moved_new = new_slots[20:]
+    moved_old = old_slots[50 : 50 + len(moved_new)]
     raw = torch.stack([stack.raw_band[int(s)] for s in moved_old])
     positions = torch.arange(20, 20 + len(moved_old))
     _, expected = rope_at(stack.rope, positions, raw)
@@ -72,8 +74,9 @@ def test_latent_and_unmoved_prefix_are_kept_bitwise(kind: TreeKind) -> None:
     ops = TreeOps(stack.tree)
     old_slots, new_slots = ops.match(OLD).slots, ops.match(list(out.tokens)).slots
     assert torch.equal(new_slots[:20], old_slots[:20])  # the prefix is shared, not copied
+    moved = old_slots[50 : 50 + len(new_slots) - 20]
     for buf in stack.pool.kv_buffer:
-        assert torch.equal(buf[new_slots[20:], 0, :LORA], buf[old_slots[50:], 0, :LORA])
+        assert torch.equal(buf[new_slots[20:], 0, :LORA], buf[moved, 0, :LORA])
 
 
 @pytest.mark.parametrize("kind", TREE_KINDS)
@@ -93,7 +96,7 @@ def test_written_replacement_is_reused_by_a_generate(kind: TreeKind) -> None:
     out = _splice(stack, replacement=(7, 8, 9))
     assert out.tokens == tuple([*OLD[:20], 7, 8, 9, *OLD[50:]])
     assert (out.written_tokens, out.rotated_tokens) == (3, 30)
-    assert TreeOps(stack.tree).match(list(out.tokens)).length == len(out.tokens)
+    assert TreeOps(stack.tree).match(list(out.tokens)).length == len(out.tokens) - 1
 
 
 @pytest.mark.parametrize("kind", TREE_KINDS)
@@ -110,7 +113,7 @@ def test_replacement_without_rows_asks_for_a_prefill_then_completes(kind: TreeKi
     _prefill_extension(stack, head)
     second = executor.splice(OLD, [edit])
     assert second.pending_prefill is None
-    assert TreeOps(stack.tree).match(list(second.tokens)).length == len(second.tokens)
+    assert TreeOps(stack.tree).match(list(second.tokens)).length == len(second.tokens) - 1
     assert second.rotated_tokens == 30  # every moved token keeps its old KV, rotated
     TreeOps(stack.tree).evict_all()
     assert free_slot_count(stack) == (stack.size, stack.size)

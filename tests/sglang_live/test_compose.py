@@ -199,3 +199,45 @@ def test_composes_under_load_leak_nothing(
     )  # fmt: skip
     assert delta <= TOLERANCE
     assert after == baseline, f"KV slots used at idle: {baseline} before, {after} after"
+
+
+def test_the_sdk_composes_a_registered_skill_in_a_chat(server: httpx.Client) -> None:
+    """The agent-side path against SGLang, as against ``leyline serve``: ``SkillLibrary``
+    registers a message's block (plain, then anchored after the rendered context) and
+    ``LeylineOpenAI`` sends a compose for it in a chat turn; the block's KV is copied."""
+    import os
+
+    import openai
+
+    from leyline.policies import LeylineOpenAI
+    from leyline.policies.skills import SkillLibrary
+    from leyline.protocol.client import LeylineClient
+
+    url = os.environ["LEYLINE_SGLANG_URL"]
+    assert server.get(Routes.capabilities).json()["skill_anchors"] is True
+    for anchored in (False, True):
+        library = SkillLibrary(LeylineClient(url), anchored=anchored)
+        skill_id = f"rules-sdk-{uuid.uuid4().hex[:6]}"
+        entry = library.register(skill_id, RULES, role="user")
+        assert (entry.info.anchor_tokens > 0) is anchored
+        base = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        client = LeylineOpenAI(base, session=f"sdk-{uuid.uuid4().hex[:8]}", skills=library)
+        messages: list[Any] = [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Hi."},
+        ]
+        first = client.chat.completions.create(
+            model="default", messages=messages, max_tokens=3, temperature=0
+        )
+        messages += [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            library.message(skill_id),
+            {"role": "user", "content": "What is 2+2?"},
+        ]
+        client.chat.completions.create(
+            model="default", messages=messages, max_tokens=3, temperature=0
+        )
+        record = client.records[-1]
+        assert record.composed == (entry.skill,) and record.resync is None, record
+        assert record.path == "splice"
+        assert (record.rotated_tokens or 0) >= entry.info.num_tokens - 4  # copied, rotated

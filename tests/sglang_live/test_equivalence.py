@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+import torch
 
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
@@ -105,6 +106,33 @@ def test_splice_with_replacement(
     s = _splice(server, reference, "splice-replace", STUB)
     delta = max_delta(s.got.top, reference_logprobs(reference, s.tokens, [s.edit]))
     record(report_path, check="splice (replace)", max_delta_logprob=delta, **s.facts())
+    assert delta <= TOLERANCE
+
+
+def test_tokens_appended_after_a_splice_see_its_last_token_recomputed(
+    server: httpx.Client, reference: Engine, report_path: Path | None
+) -> None:
+    """Protocol 3.1: a moved last token is recomputed in its new context before anything
+    follows it, also when the next request appends. The plugin leaves that token out of the
+    tree, so the generate of the longer prompt computes it; equal to the reference."""
+    from leyline.server_adapter.session import SessionCache
+
+    tokens = list(reference.encode(prompt_text("splice-append")))
+    session, base = create_session(server, tokens)
+    edit = Edit(len(tokens) // 3, len(tokens) // 3 + CUT, ())
+    cut = {"verb": "splice", "span": {"start": edit.start, "end": edit.end}, "replacement": []}
+    reply = apply(server, session, base, [cut])
+    assert reply.status_code == 200 and reply.json()["path"] == "splice", reply.text
+    new, _ = session_tokens(server, session)
+    more = new + list(reference.encode(" Answer in one word:"))
+    got = generate(server, more)
+    assert got.cached_tokens == len(new) - 1, "the moved last token must be recomputed"
+    ref = SessionCache(reference)
+    ref.prefill(tokens)
+    ref.apply_edits([edit])
+    ref.prefill(more)
+    delta = max_delta(got.top, torch.log_softmax(ref.next_token_logits().double(), -1))
+    record(report_path, check="splice, then tokens appended", max_delta_logprob=delta)
     assert delta <= TOLERANCE
 
 
