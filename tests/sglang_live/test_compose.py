@@ -241,3 +241,48 @@ def test_the_sdk_composes_a_registered_skill_in_a_chat(server: httpx.Client) -> 
         assert record.composed == (entry.skill,) and record.resync is None, record
         assert record.path == "splice"
         assert (record.rotated_tokens or 0) >= entry.info.num_tokens - 4  # copied, rotated
+
+
+def test_compose_time_to_first_token_is_recorded(
+    server: httpx.Client, reference: Engine, report_path: Path | None
+) -> None:
+    """Figures only (timings are not asserted; the machine is shared): a ~400-token skill
+    composed at the end of a ~1.5k-token session, then a one-token turn, against SGLang's
+    own generate of the same tokens with the session's prefix cached (the public tree) and
+    with nothing cached (a fresh ``cache_salt``). Medians of 3, each on fresh tokens."""
+    import time
+
+    arms: dict[str, list[float]] = {"compose": [], "prefix_cached": [], "nothing_cached": []}
+    for i in range(3):
+        tokens = list(reference.encode(prompt_text(f"ttft-{i}", lines=60)))
+        skill = list(reference.encode(prompt_text(f"ttft-skill-{i}", lines=16)))
+        skill_id = f"ttft-{uuid.uuid4().hex[:8]}"
+        _register(server, skill_id, skill)
+        session, base = create_session(server, tokens)
+        directive = {"verb": "compose", "skill": skill_id, "at": len(tokens), "seam_tokens": 16}
+        new = tokens + skill
+        turn = {"prompt": new, "max_tokens": 1, "temperature": 0, "leyline": {"session": session}}
+        t0 = time.perf_counter()
+        reply = apply(server, session, base, [directive])
+        answer = server.post("/v1/completions", json=turn)
+        arms["compose"].append(time.perf_counter() - t0)
+        assert reply.json()["path"] == "splice", reply.text
+        assert answer.json()["leyline"]["reused_tokens"] == len(new) - 1, answer.text
+        t0 = time.perf_counter()
+        assert generate(server, new).cached_tokens == len(tokens)  # the prefix, public
+        arms["prefix_cached"].append(time.perf_counter() - t0)
+        body = {"input_ids": new, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+                "cache_salt": f"fresh-{uuid.uuid4().hex}"}  # fmt: skip
+        t0 = time.perf_counter()
+        fresh = server.post("/generate", json=body)
+        arms["nothing_cached"].append(time.perf_counter() - t0)
+        assert fresh.status_code == 200 and fresh.json()["meta_info"]["cached_tokens"] == 0
+        assert server.delete(Routes.skill.format(skill=skill_id)).status_code == 204
+    median = {k: sorted(v)[1] for k, v in arms.items()}
+    record(
+        report_path, check="compose TTFT (s, median of 3)", tokens=len(new), block=len(skill),
+        compose_s=round(median["compose"], 3), prefix_cached_s=round(median["prefix_cached"], 3),
+        nothing_cached_s=round(median["nothing_cached"], 3),
+        speedup_vs_prefix_cached=round(median["prefix_cached"] / median["compose"], 2),
+        speedup_vs_nothing_cached=round(median["nothing_cached"] / median["compose"], 2),
+    )  # fmt: skip
