@@ -26,11 +26,12 @@ import re
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from fastapi import Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
+from starlette.routing import Route
 
 from leyline.protocol import ErrorCode, LeylineError
 from leyline.protocol.validation import error_from_details
@@ -119,6 +120,31 @@ def http_error(exc: HTTPException, request: Request) -> LeylineError:
         allowed = (exc.headers or {}).get("Allow", "")
         return LeylineError(code, f"{where} is not allowed; the route takes {allowed}")
     return LeylineError(code, f"{where}: {exc.detail}")
+
+
+_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+
+
+def unmatched_router(prefix: str, known: APIRouter) -> APIRouter:
+    """One catch-all route for ``prefix/...`` that answers what no route of ``known`` takes
+    (an unknown path: 404; a known path with another method: 405 with ``Allow``) with the
+    protocol's body, as ``leyline serve`` does app-wide. For a host app whose own router
+    answers unmatched requests in its own format (SGLang's); include it after ``known``.
+    The body is not read: routing comes first."""
+    router = APIRouter()
+    routes = [r for r in known.routes if isinstance(r, Route)]
+
+    @router.api_route(prefix + "/{rest:path}", methods=_METHODS, include_in_schema=False)
+    async def unmatched(rest: str, request: Request) -> Response:
+        path = request.url.path
+        allowed = sorted({m for r in routes if r.path_regex.match(path) for m in r.methods or ()})
+        if allowed:
+            exc = HTTPException(405, "Method Not Allowed", {"Allow": ", ".join(allowed)})
+        else:
+            exc = HTTPException(404, "Not Found")
+        return error_response(http_error(exc, request), exc.headers)
+
+    return router
 
 
 def internal_error(exc: BaseException) -> LeylineError:

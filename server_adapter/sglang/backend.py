@@ -65,6 +65,8 @@ class SchedulerAnswer:
     """A protocol error code: the scheduler refused the request."""
     error_field: str | None = None
     message: str = ""
+    released: tuple[str, ...] = ()
+    """``hold``: the held keys released to make room."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +106,13 @@ class SchedulerLink(Protocol):
         """Run an ordinary generate over ``tokens`` so the tree caches them (under ``salt``)."""
         ...
 
-    async def hold(self, key: str, tokens: Sequence[int]) -> int:
-        """Lock what the tree holds of ``tokens`` under ``key`` (replacing that key's lock);
-        returns how many tokens that is. Raises ``LeylineError(limit_exceeded)`` past the
-        scheduler's share for held sequences."""
+    async def hold(
+        self, key: str, tokens: Sequence[int], evictable: Sequence[str] = ()
+    ) -> tuple[int, tuple[str, ...]]:
+        """Lock what the tree holds of ``tokens`` under ``key`` (replacing that key's lock),
+        releasing keys of ``evictable`` (in order) if that is what makes room; returns how
+        many tokens are held and the keys released. Raises ``LeylineError(limit_exceeded)``,
+        changing nothing, when even releasing all of them leaves no room."""
         ...
 
     async def release(self, key: str) -> None:
@@ -231,9 +236,12 @@ class SglangBackend:
                 self._renderer = ChatRenderer(tokenizer)
             except ChatTemplateError as exc:
                 raise LeylineError(ErrorCode.invalid_directive, str(exc), "messages") from None
-        out = self._renderer.render(
-            list(messages), list(tools or []), add_generation_prompt=add_generation_prompt
-        )
+        try:
+            out = self._renderer.render(
+                list(messages), list(tools or []), add_generation_prompt=add_generation_prompt
+            )
+        except ChatTemplateError as exc:  # as the reference server answers it (http.errors)
+            raise LeylineError(ErrorCode.invalid_directive, str(exc), "messages") from None
         return Rendered(out.tokens, out.spans)
 
     # -- skills: the tree's own prefill of each, locked while registered (skill_store) --

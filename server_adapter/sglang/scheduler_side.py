@@ -52,8 +52,10 @@ def handle(scheduler: Any, req: LeylineSpliceReqInput) -> LeylineSpliceReqOutput
     try:
         executor = executor_for(scheduler)
         if req.verb in ("hold", "release"):
-            held = _hold(scheduler, executor.tree, req.key, req.old_tokens, req.verb == "hold")
-            return LeylineSpliceReqOutput(ok=True, cached_tokens=held, rid=req.rid)
+            held, released = _hold(scheduler, executor.tree, req)
+            return LeylineSpliceReqOutput(
+                ok=True, cached_tokens=held, released=released, rid=req.rid
+            )
         mode = Mode.forget if req.verb == "forget" else Mode.amortize
         edits = [Edit(s, e, tuple(r), mode, i) for i, (s, e, r) in enumerate(req.edits)]
         if mode is Mode.forget:
@@ -91,32 +93,45 @@ def handle(scheduler: Any, req: LeylineSpliceReqInput) -> LeylineSpliceReqOutput
         )
 
 
-def _hold(scheduler: Any, tree: TreeOps, key: str, tokens: list[int], hold: bool) -> int:
-    """Lock what the tree holds of ``tokens`` (public namespace) under ``key``, replacing
-    any earlier lock of that key, or (``hold`` false) let ``key``'s lock go. A locked path
-    is never evicted: a registered skill's KV stays until it is deleted. Returns how many
-    tokens are held."""
+def _hold(scheduler: Any, tree: TreeOps, req: LeylineSpliceReqInput) -> tuple[int, list[str]]:
+    """``hold``: lock what the tree holds of ``req.old_tokens`` (public namespace) under
+    ``req.key``, replacing any earlier lock of that key, releasing keys of
+    ``req.evictable`` (in order) only if that makes room; ``release``: let the key's lock
+    go. A locked path is never evicted: a registered skill's KV stays until it is deleted.
+    Refused (``limit_exceeded``) with nothing changed when no room can be made. Returns how
+    many tokens are held, and the keys released."""
     holds: dict[str, tuple[Any, int]] = scheduler.__dict__.setdefault("_leyline_holds", {})
-    held = 0
-    if hold:
-        others = sum(n for k, (_, n) in holds.items() if k != key)
+    released: list[str] = []
+    if req.verb == "hold":
+        others = {k: n for k, (_, n) in holds.items() if k != req.key}
         cap = int(tree.allocator.size) // HELD_SHARE
-        if others + len(tokens) > cap:
+        over = sum(others.values()) + len(req.old_tokens) - cap
+        for victim in req.evictable:
+            if over <= 0:
+                break
+            if victim in others and victim not in released:
+                released.append(victim)
+                over -= others[victim]
+        if over > 0:
             raise LeylineError(
                 ErrorCode.limit_exceeded,
                 f"skills may hold {cap} of this server's {tree.allocator.size} KV slots; "
-                f"{others} are held and this one needs {len(tokens)}",
+                f"{sum(others.values())} are held (by skills in use, or past what releasing "
+                f"idle ones frees) and this one needs {len(req.old_tokens)}",
                 "tokens",
             )
-    previous = holds.pop(key, None)
-    if hold:
-        match = tree.match(tokens)
+    for victim in released:
+        tree.unlock(holds.pop(victim)[0])
+    previous = holds.pop(req.key, None)
+    held = 0
+    if req.verb == "hold":
+        match = tree.match(req.old_tokens)
         held = match.length
         if held:
-            holds[key] = (tree.lock(match.node), held)
+            holds[req.key] = (tree.lock(match.node), held)
     if previous is not None:
         tree.unlock(previous[0])
-    return held
+    return held, released
 
 
 def install(scheduler: Any) -> None:

@@ -8,9 +8,9 @@ long as the skill is registered. Deleting or replacing the skill lets the lock g
 tree then evicts the tokens LRU, as any cached prefix).
 
 The scheduler holds at most a quarter of its KV pool for skills (``scheduler_side``); past
-that a registration evicts the least recently used skill no running compose holds, as the
-reference server's byte budget does, and is refused with ``limit_exceeded`` when none is
-left to evict. Imports neither torch nor SGLang.
+that a registration evicts the least recently used skills no running compose holds, as the
+reference server's byte budget does, and is refused with ``limit_exceeded``, evicting
+nothing, when even evicting all of them leaves no room. Imports neither torch nor SGLang.
 """
 
 from __future__ import annotations
@@ -145,21 +145,15 @@ class SkillHolds:
             return skill
 
     async def _hold(self, skill: HeldSkill) -> int:
-        while True:
-            try:
-                return await self.link.hold(skill.hold_key, skill.source)
-            except LeylineError as exc:
-                if exc.code is not ErrorCode.limit_exceeded:
-                    raise
-                victim = next(
-                    (s for k, s in self._entries.items()
-                     if not s.users and k != (skill.tenant, skill.id)),
-                    None,
-                )  # fmt: skip
-                if victim is None:
-                    raise
-                await self.link.release(victim.hold_key)
-                del self._entries[(victim.tenant, victim.id)]
+        """Hold ``skill``; the scheduler may release idle skills, least recently used
+        first, to make room (they are then gone), or refuse with nothing changed."""
+        idle = [s.hold_key for k, s in self._entries.items()
+                if not s.users and k != (skill.tenant, skill.id)]  # fmt: skip
+        held, released = await self.link.hold(skill.hold_key, skill.source, idle)
+        gone = set(released)
+        for key in [k for k, s in self._entries.items() if s.hold_key in gone]:
+            del self._entries[key]
+        return held
 
     async def delete(self, tenant: str, skill_id: str) -> None:
         """Raises ``unknown_skill``, or ``invalid_directive`` while a compose reads it."""

@@ -17,7 +17,9 @@ from typing import Any
 
 from leyline.protocol import Limits
 from leyline.protocol.algebra import Edit
+from leyline.protocol.resources import API_PREFIX
 
+from ..core.route_guard import unmatched_router
 from ..core.routes import leyline_router
 from ..http.service import LeylineService
 from ..http.settings import ServerSettings
@@ -49,9 +51,12 @@ class TokenizerManagerLink:
         req = to_wire(verb, old_tokens, edits, blocks=blocks, old_salt=old_salt, new_salt=new_salt)
         return await self._ask(req)
 
-    async def hold(self, key: str, tokens: Sequence[int]) -> int:
-        answer = checked(await self._ask(to_wire("hold", tokens, (), key=key)))
-        return answer.cached_tokens
+    async def hold(
+        self, key: str, tokens: Sequence[int], evictable: Sequence[str] = ()
+    ) -> tuple[int, tuple[str, ...]]:
+        req = to_wire("hold", tokens, (), key=key, evictable=evictable)
+        answer = checked(await self._ask(req))
+        return answer.cached_tokens, answer.released
 
     async def release(self, key: str) -> None:
         checked(await self._ask(to_wire("release", (), (), key=key)))
@@ -197,7 +202,11 @@ def mount(app: Any, tokenizer_manager: Any) -> LeylineService[SglangSession]:
     assert isinstance(link, TokenizerManagerLink)
     runner = SglangRunner(backend, link, _stop_ids(tokenizer_manager))
     service = LeylineService(backend, runner, ServerSettings(), model_name=backend.model_name)
-    app.include_router(leyline_router(service.core))
+    routes = leyline_router(service.core)
+    app.include_router(routes)
+    # SGLang's own router answers paths it does not know in FastAPI's format; under
+    # /leyline/v1 the protocol's body is due (last: it must not shadow a route there).
+    app.include_router(unmatched_router(API_PREFIX, routes))
     app.add_middleware(LeylineDispatch, leyline_app=leyline_openai_app(service))
     return service
 

@@ -32,6 +32,8 @@ class LeylineSpliceReqInput(BaseReq, kw_only=True):  # type: ignore[misc, call-a
     new_salt: str | None = None
     key: str = ""
     """``hold`` / ``release``: the name the scheduler keeps a held sequence's lock under."""
+    evictable: list[str] = msgspec.field(default_factory=list)
+    """``hold``: keys it may release to make room, least recently used first."""
 
 
 class LeylineSpliceReqOutput(BaseReq, kw_only=True):  # type: ignore[misc, call-arg]  # as above
@@ -47,6 +49,8 @@ class LeylineSpliceReqOutput(BaseReq, kw_only=True):  # type: ignore[misc, call-
     """A protocol error code: the batch was rejected."""
     error_field: str | None = None
     message: str = ""
+    released: list[str] = msgspec.field(default_factory=list)
+    """``hold``: the keys it released to make room."""
 
 
 hook_custom_types(LeylineSpliceReqInput, LeylineSpliceReqOutput)
@@ -61,6 +65,7 @@ def to_wire(
     old_salt: str | None = None,
     new_salt: str | None = None,
     key: str = "",
+    evictable: Sequence[str] = (),
 ) -> LeylineSpliceReqInput:
     return LeylineSpliceReqInput(
         verb=verb,
@@ -70,6 +75,7 @@ def to_wire(
         old_salt=old_salt,
         new_salt=new_salt,
         key=key,
+        evictable=list(evictable),
     )
 
 
@@ -88,4 +94,5 @@ def from_wire(out: LeylineSpliceReqOutput) -> SchedulerAnswer:
         error_code=out.error_code,
         error_field=out.error_field,
         message=out.message,
+        released=tuple(out.released),
     )

@@ -47,14 +47,24 @@ class ScriptedScheduler:
         self.prefills.append(len(tokens))
         self.cache(salt).add(tuple(tokens))
 
-    async def hold(self, key: str, tokens: Sequence[int]) -> int:
+    async def hold(
+        self, key: str, tokens: Sequence[int], evictable: Sequence[str] = ()
+    ) -> tuple[int, tuple[str, ...]]:
         self.sent.append("hold")
-        others = sum(len(t) for k, t in self.held.items() if k != key)
-        if others + len(tokens) > self.hold_cap:
+        others = {k: len(t) for k, t in self.held.items() if k != key}
+        over = sum(others.values()) + len(tokens) - self.hold_cap
+        released: list[str] = []
+        for victim in evictable:
+            if over > 0 and victim in others:
+                released.append(victim)
+                over -= others[victim]
+        if over > 0:
             raise LeylineError(ErrorCode.limit_exceeded, "no room to hold it", "tokens")
+        for victim in released:
+            del self.held[victim]
         held = self.cached_length(tokens)
         self.held[key] = tuple(tokens[:held])
-        return held
+        return held, tuple(released)
 
     async def release(self, key: str) -> None:
         self.sent.append("release")

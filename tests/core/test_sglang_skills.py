@@ -51,11 +51,24 @@ def test_past_the_hold_share_the_least_recently_used_idle_skill_is_evicted() -> 
     store.get(T, "old")  # a use: "used" is now the least recent
     run(store.register(T, "new", range(200, 240), SkillLabel()))
     assert [s.id for s in store.of_tenant(T)] == ["old", "new"]
-    assert scheduler.sent[-3:] == ["hold", "release", "hold"]
+    assert scheduler.sent[-1] == "hold"  # one request: it released "used" to make room
     assert set(scheduler.held) == {store.get(T, "old").hold_key, store.get(T, "new").hold_key}
     with pytest.raises(LeylineError) as info:
         store.get(T, "used")
     assert info.value.code is ErrorCode.unknown_skill
+
+
+def test_a_registration_that_cannot_fit_evicts_nothing() -> None:
+    """Refused with ``limit_exceeded`` only after finding that even every idle skill
+    evicted leaves no room: nothing was evicted (a rejected request changes nothing)."""
+    store, scheduler = _store(hold_cap=100)
+    run(store.register(T, "a", range(0, 40), SkillLabel()))
+    run(store.register(T, "b", range(100, 140), SkillLabel()))
+    with pytest.raises(LeylineError) as info:
+        run(store.register(T, "huge", range(200, 320), SkillLabel()))
+    assert info.value.code is ErrorCode.limit_exceeded
+    assert [s.id for s in store.of_tenant(T)] == ["a", "b"]
+    assert len(scheduler.held) == 2
 
 
 def test_a_skill_a_compose_reads_is_never_evicted_deleted_or_replaced() -> None:

@@ -20,7 +20,12 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from leyline.protocol import FallbackReason
-from leyline.server_adapter.core.route_guard import MAX_JSON_DEPTH, LeylineRoute, check_json
+from leyline.server_adapter.core.route_guard import (
+    MAX_JSON_DEPTH,
+    LeylineRoute,
+    check_json,
+    unmatched_router,
+)
 from leyline.server_adapter.errors import SpliceUnsupportedError
 
 from .conftest import API_KEY, MAX_BODY, Server
@@ -346,6 +351,40 @@ def test_route_guard_answers_for_its_routes_only() -> None:
     assert client.post("/guarded/fail/teapot").status_code == 418
     # No app-level handlers come with the route class: unknown routes are FastAPI's.
     assert client.get("/nothing").json() == {"detail": "Not Found"}
+
+
+def test_the_unmatched_router_answers_under_its_prefix_only() -> None:
+    """On a host app (SGLang's), unknown paths and wrong methods under the prefix get the
+    protocol's 404 / 405 (with ``Allow``); the routes there and the host's own unmatched
+    answers are unchanged."""
+    app = FastAPI()
+    known = APIRouter(route_class=LeylineRoute)
+
+    @known.post("/api/items/{item}")
+    async def post_item(item: str) -> dict[str, str]:
+        return {"item": item}
+
+    @known.get("/api/items/{item}")
+    async def get_item(item: str) -> dict[str, str]:
+        return {"item": item}
+
+    @app.put("/host/thing")
+    async def host_thing() -> dict[str, str]:
+        return {}
+
+    app.include_router(known)
+    app.include_router(unmatched_router("/api", known))
+    client = TestClient(app, raise_server_exceptions=False)
+    assert client.get("/api/items/a").json() == {"item": "a"}
+    wrong = client.put("/api/items/a", content=b"not json")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, POST"
+    assert_protocol_error(wrong.json(), "method_not_allowed")
+    assert "the route takes GET, POST" in wrong.json()["error"]["message"]
+    missing = client.get("/api/no/such/route")
+    assert missing.status_code == 404
+    assert_protocol_error(missing.json(), "not_found")
+    assert client.get("/nothing").json() == {"detail": "Not Found"}  # the host's, as ever
+    assert client.post("/host/thing").json() == {"detail": "Method Not Allowed"}
 
 
 def test_check_json_limits_depth_and_names_paths() -> None:

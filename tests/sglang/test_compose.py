@@ -241,6 +241,14 @@ def test_holds_are_capped_at_a_share_of_the_pool_and_a_refusal_holds_nothing() -
     assert "b" not in scheduler._leyline_holds
     # The same key again replaces its own hold (it does not count against itself).
     assert _hold(scheduler, "a", tokens[: cap // 2]).cached_tokens == cap // 2
+    # Room made by releasing an evictable key, and only when that suffices.
+    more = list(range(700, 700 + cap // 2 + 1))
+    _write(stack, more, None, seed=6)
+    big = more + [1] * cap
+    too_big = handle(scheduler, to_wire("hold", big, (), key="c", evictable=["a"]))
+    assert not too_big.ok and set(scheduler._leyline_holds) == {"a"}  # nothing released
+    made = handle(scheduler, to_wire("hold", more, (), key="c", evictable=["a"]))
+    assert made.ok and made.released == ["a"] and set(scheduler._leyline_holds) == {"c"}
 
 
 def test_a_block_that_is_not_its_skills_tokens_is_refused_with_nothing_changed() -> None:

@@ -102,10 +102,12 @@ class _LocalLink:
         req = to_wire(verb, old_tokens, edits, blocks=blocks, old_salt=old_salt, new_salt=new_salt)
         return from_wire(handle(self.scheduler, req))
 
-    async def hold(self, key: str, tokens: Sequence[int]) -> int:
-        return checked(
-            from_wire(handle(self.scheduler, to_wire("hold", tokens, (), key=key)))
-        ).cached_tokens
+    async def hold(
+        self, key: str, tokens: Sequence[int], evictable: Sequence[str] = ()
+    ) -> tuple[int, tuple[str, ...]]:
+        req = to_wire("hold", tokens, (), key=key, evictable=evictable)
+        answer = checked(from_wire(handle(self.scheduler, req)))
+        return answer.cached_tokens, answer.released
 
     async def release(self, key: str) -> None:
         checked(from_wire(handle(self.scheduler, to_wire("release", (), (), key=key))))
