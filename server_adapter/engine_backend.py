@@ -22,7 +22,7 @@ from leyline.protocol.spans import MessageSpan
 
 from .chat.render import ChatRenderer
 from .compose import supports_attention_recompute
-from .core.backend import Rendered, SkillLabel
+from .core.backend import Rendered, SkillLabel, describe_skill
 from .core.batch import EditPlan, SessionView
 from .core.report import OpReport
 from .core.retention import MARKING_VERBS
@@ -247,14 +247,12 @@ class EngineBackend:
 
     def _info(self, skill: Skill, include_tokens: bool) -> SkillInfo:
         label = self._labels.get((skill.tenant, skill.id), SkillLabel())
-        return SkillInfo(
-            skill=skill.id,
-            model=skill.model,
-            num_tokens=len(skill.tokens),
-            content_hash=skill.content_hash,
-            anchor_tokens=len(skill.anchor),
-            name=label.name,
-            description=label.description,
-            tokens=list(skill.tokens) if include_tokens else None,
-            anchor=list(skill.anchor) if include_tokens and skill.anchor else None,
+        return describe_skill(
+            skill.id,
+            skill.model,
+            skill.tokens,
+            skill.content_hash,
+            skill.anchor,
+            label,
+            include_tokens=include_tokens,
         )

@@ -40,6 +40,30 @@ class SkillLabel:
     description: str | None = None
 
 
+def describe_skill(
+    skill_id: str,
+    model: str,
+    tokens: Sequence[int],
+    content_hash: str,
+    anchor: Sequence[int],
+    label: SkillLabel,
+    *,
+    include_tokens: bool,
+) -> SkillInfo:
+    """A registered skill as the skills routes answer it (both backends)."""
+    return SkillInfo(
+        skill=skill_id,
+        model=model,
+        num_tokens=len(tokens),
+        content_hash=content_hash,
+        anchor_tokens=len(anchor),
+        name=label.name,
+        description=label.description,
+        tokens=list(tokens) if include_tokens else None,
+        anchor=list(anchor) if include_tokens and anchor else None,
+    )
+
+
 class Backend(Protocol[H]):
     """A KV cache the core drives. ``H`` is the backend's per-session handle.
 

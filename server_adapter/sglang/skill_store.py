@@ -27,7 +27,7 @@ from leyline.protocol import ErrorCode, LeylineError
 from leyline.protocol.resolve import SkillTokens
 from leyline.protocol.resources import SkillInfo, skill_content_hash
 
-from ..core.backend import SkillLabel
+from ..core.backend import SkillLabel, describe_skill
 
 if TYPE_CHECKING:
     from .backend import SchedulerLink
@@ -60,16 +60,14 @@ class HeldSkill:
         return json.dumps([self.tenant, self.id])
 
     def info(self, include_tokens: bool) -> SkillInfo:
-        return SkillInfo(
-            skill=self.id,
-            model=self.model,
-            num_tokens=len(self.tokens),
-            content_hash=self.content_hash,
-            anchor_tokens=len(self.anchor),
-            name=self.label.name,
-            description=self.label.description,
-            tokens=list(self.tokens) if include_tokens else None,
-            anchor=list(self.anchor) if include_tokens and self.anchor else None,
+        return describe_skill(
+            self.id,
+            self.model,
+            self.tokens,
+            self.content_hash,
+            self.anchor,
+            self.label,
+            include_tokens=include_tokens,
         )
 
 
