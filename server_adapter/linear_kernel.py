@@ -10,12 +10,14 @@ memory once per call, whatever the row count: a group of four rows reads an outp
 from memory, the next group finds it in L2.
 
 The layout is the one oneDNN picks for these weights with a row hint of 64 on an AVX-512
-CPU (measured, not documented): output blocks of 64 columns, each ``[K_pad][64]`` for fp32
-and ``[K_pad / 2][64][2]`` for bf16 (pairs of reduction indices interleaved, VNNI style),
-``K_pad`` the reduction length rounded up with zeros, blocks in order. :func:`packed_view`
-reads a packed buffer under that layout and ``PackedLinear`` compares it with the dense
-weight bitwise before using the kernel for a layer, so a different oneDNN, CPU or shape
-that packs otherwise only means the layer keeps oneDNN's product.
+CPU (measured, not documented): output blocks of B columns, each ``[K_pad][B]`` for fp32
+and ``[K_pad / 2][B][2]`` for bf16 (pairs of reduction indices interleaved, VNNI style),
+``K_pad`` the reduction length rounded up with zeros, blocks in order. B is 64, except for
+bf16 on a CPU with AMX, where oneDNN packs for the tile unit in blocks of 32 (measured on a
+Xeon with AMX, 2026-12-05: :data:`BLOCKS`). :func:`packed_view` reads a packed buffer under
+one block width and ``PackedLinear`` compares it with the dense weight bitwise before using
+the kernel for a layer, so a different oneDNN, CPU or shape that packs otherwise only means
+the layer keeps oneDNN's product.
 
 Sums are fp32 for both dtypes; a bf16 output is rounded to nearest even. bf16 weights are
 widened exactly, or, on a CPU with AVX512_BF16, multiplied a pair at a time by its bf16 dot
@@ -35,20 +37,31 @@ import torch
 from . import kernel_build
 from .kernel_build import KernelStatus
 
-__all__ = ["BLOCK", "DirectLinear", "KernelStatus", "LinearKernel", "load", "packed_view", "status"]
+__all__ = [
+    "BLOCKS",
+    "DirectLinear",
+    "KernelStatus",
+    "LinearKernel",
+    "load",
+    "packed_block",
+    "packed_view",
+    "status",
+]
 
-BLOCK = 64
-"""Output columns per packed block."""
+BLOCKS = (64, 32)
+"""Output columns per packed block that the kernel reads, tried in this order."""
 FEW_ROWS = 8
 """Most rows a product sends to the kernel: over SmolLM2's layers 1.3-2.1x faster than
 oneDNN's at 1-8 rows in both dtypes; at 17 even in fp32 (``evals/bench_packed_linear.py``;
 docs/perf.md)."""
 BF16_DOT_ROWS = 32
 """The same for bf16 where the kernel runs on the CPU's bf16 dot product: 1.2x oneDNN's at
-17 rows and 1.14x at 32 on this machine (docs/perf.md)."""
+17 rows and 1.14x at 32 on an AMD EPYC (docs/perf.md). Not where oneDNN packs bf16 for AMX
+(blocks of 32 columns): its tile products are as fast as the kernel from about 8 rows (a
+Xeon with AMX, 2026-12-05), so there the kernel stops at :data:`FEW_ROWS`."""
 _ENV_SWITCH = "LEYLINE_LINEAR_KERNEL"
-_MIN_BLOCKS_PER_THREAD = 4
-"""A layer with fewer output blocks per thread runs on fewer threads (a fork costs more)."""
+_MIN_COLUMNS_PER_THREAD = 256
+"""A layer with fewer output columns per thread runs on fewer threads (a fork costs more)."""
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -58,8 +71,13 @@ _SOURCE = r"""
 #include <immintrin.h>
 #endif
 
-#define LL_BLOCK 64
-#define LL_GROUP 4
+/* A block is 16 * J output columns (J = 4: 64, J = 2: 32); a group of R <= 16 / J rows
+   keeps R * J accumulators, at most 16 vector registers. */
+#define LL_ACC 16
+#define LL_OUT (LL_ACC * 16)
+/* Bytes of a block read ahead by software prefetch: the hardware prefetcher alone leaves
+   a few-row product 15-20% short of what it reaches with it (measured, bf16, 1-8 rows). */
+#define LL_AHEAD 8192
 
 static inline float ll_bf16(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -76,54 +94,55 @@ static inline uint16_t ll_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* out[i][0..64) = sum_k x[i][k] * W[k][block col] for R rows; x rows are fp32, kp apart. */
+/* out[i][0..16J) = sum_k x[i][k] * W[k][block col] for R rows; x rows are fp32, kp apart. */
 static inline __attribute__((always_inline)) void ll_block_f32(
-    const float *w, int64_t k, const float *x, int64_t kp, float *out, const int R) {
+    const float *w, int64_t k, const float *x, int64_t kp, float *out, const int R,
+    const int J) {
+    const int B = 16 * J;
 #ifdef __AVX512F__
-    __m512 a[LL_GROUP][4];
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+    __m512 a[LL_ACC];
+    for (int i = 0; i < R * J; i++) a[i] = _mm512_setzero_ps();
     for (int64_t t = 0; t < k; t++) {
-        const float *wt = w + t * LL_BLOCK;
-        __m512 w0 = _mm512_loadu_ps(wt), w1 = _mm512_loadu_ps(wt + 16);
-        __m512 w2 = _mm512_loadu_ps(wt + 32), w3 = _mm512_loadu_ps(wt + 48);
+        const float *wt = w + t * B;
+        _mm_prefetch((const char *)wt + LL_AHEAD, _MM_HINT_T0);
+        __m512 wv[4];
+        for (int j = 0; j < J; j++) wv[j] = _mm512_loadu_ps(wt + 16 * j);
         for (int i = 0; i < R; i++) {
             __m512 xb = _mm512_set1_ps(x[i * kp + t]);
-            a[i][0] = _mm512_fmadd_ps(xb, w0, a[i][0]);
-            a[i][1] = _mm512_fmadd_ps(xb, w1, a[i][1]);
-            a[i][2] = _mm512_fmadd_ps(xb, w2, a[i][2]);
-            a[i][3] = _mm512_fmadd_ps(xb, w3, a[i][3]);
+            for (int j = 0; j < J; j++) a[i * J + j] = _mm512_fmadd_ps(xb, wv[j], a[i * J + j]);
         }
     }
     for (int i = 0; i < R; i++)
-        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + i * LL_BLOCK + 16 * j, a[i][j]);
+        for (int j = 0; j < J; j++) _mm512_storeu_ps(out + i * B + 16 * j, a[i * J + j]);
 #else
     for (int i = 0; i < R; i++) {
-        float acc[LL_BLOCK] = {0};
+        float acc[64] = {0};
         for (int64_t t = 0; t < k; t++) {
             float xv = x[i * kp + t];
-            for (int c = 0; c < LL_BLOCK; c++) acc[c] += xv * w[t * LL_BLOCK + c];
+            for (int c = 0; c < B; c++) acc[c] += xv * w[t * B + c];
         }
-        memcpy(out + i * LL_BLOCK, acc, sizeof acc);
+        memcpy(out + i * B, acc, (size_t)B * sizeof(float));
     }
 #endif
 }
 
-/* The same for bf16 weights [kp/2][64][2]: lane c of a pair row holds W[2p][c] in its low
+/* The same for bf16 weights [kp/2][16J][2]: lane c of a pair row holds W[2p][c] in its low
    half and W[2p+1][c] in its high half; both widen to fp32 exactly. x rows are fp32, zero
    past k, so a padded odd tail adds nothing. */
 static inline __attribute__((always_inline)) void ll_block_bf16(
-    const uint16_t *w, int64_t k, const float *x, int64_t kp, float *out, const int R) {
+    const uint16_t *w, int64_t k, const float *x, int64_t kp, float *out, const int R,
+    const int J) {
+    const int B = 16 * J;
     int64_t pairs = (k + 1) / 2;
 #ifdef __AVX512F__
-    __m512 a[LL_GROUP][4];
+    __m512 a[LL_ACC];
     const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+    for (int i = 0; i < R * J; i++) a[i] = _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; p++) {
-        const uint16_t *wp = w + p * 2 * LL_BLOCK;
+        const uint16_t *wp = w + p * 2 * B;
+        _mm_prefetch((const char *)wp + LL_AHEAD, _MM_HINT_T0);
         __m512 lo[4], hi[4];
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < J; j++) {
             __m512i v = _mm512_loadu_si512((const void *)(wp + 32 * j));
             lo[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
             hi[j] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
@@ -131,24 +150,24 @@ static inline __attribute__((always_inline)) void ll_block_bf16(
         for (int i = 0; i < R; i++) {
             __m512 x0 = _mm512_set1_ps(x[i * kp + 2 * p]);
             __m512 x1 = _mm512_set1_ps(x[i * kp + 2 * p + 1]);
-            for (int j = 0; j < 4; j++) {
-                a[i][j] = _mm512_fmadd_ps(x0, lo[j], a[i][j]);
-                a[i][j] = _mm512_fmadd_ps(x1, hi[j], a[i][j]);
+            for (int j = 0; j < J; j++) {
+                a[i * J + j] = _mm512_fmadd_ps(x0, lo[j], a[i * J + j]);
+                a[i * J + j] = _mm512_fmadd_ps(x1, hi[j], a[i * J + j]);
             }
         }
     }
     for (int i = 0; i < R; i++)
-        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + i * LL_BLOCK + 16 * j, a[i][j]);
+        for (int j = 0; j < J; j++) _mm512_storeu_ps(out + i * B + 16 * j, a[i * J + j]);
 #else
     for (int i = 0; i < R; i++) {
-        float acc[LL_BLOCK] = {0};
+        float acc[64] = {0};
         for (int64_t p = 0; p < pairs; p++) {
             float x0 = x[i * kp + 2 * p], x1 = x[i * kp + 2 * p + 1];
-            const uint16_t *wp = w + p * 2 * LL_BLOCK;
-            for (int c = 0; c < LL_BLOCK; c++)
+            const uint16_t *wp = w + p * 2 * B;
+            for (int c = 0; c < B; c++)
                 acc[c] += x0 * ll_bf16(wp[2 * c]) + x1 * ll_bf16(wp[2 * c + 1]);
         }
-        memcpy(out + i * LL_BLOCK, acc, sizeof acc);
+        memcpy(out + i * B, acc, (size_t)B * sizeof(float));
     }
 #endif
 }
@@ -158,58 +177,61 @@ static inline __attribute__((always_inline)) void ll_block_bf16(
    (x[2p] W[2p][c] + x[2p+1] W[2p+1][c]) to fp32 lane c, so the weights are never widened.
    xb holds the rows in bf16, kp apart, zero past k. */
 static inline __attribute__((always_inline)) void ll_block_dpbf16(
-    const uint16_t *w, int64_t k, const uint16_t *xb, int64_t kp, float *out, const int R) {
+    const uint16_t *w, int64_t k, const uint16_t *xb, int64_t kp, float *out, const int R,
+    const int J) {
+    const int B = 16 * J;
     int64_t pairs = (k + 1) / 2;
-    __m512 a[LL_GROUP][4];
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+    __m512 a[LL_ACC];
+    for (int i = 0; i < R * J; i++) a[i] = _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; p++) {
-        const uint16_t *wp = w + p * 2 * LL_BLOCK;
+        const uint16_t *wp = w + p * 2 * B;
+        _mm_prefetch((const char *)wp + LL_AHEAD, _MM_HINT_T0);
         __m512bh v[4];
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < J; j++)
             v[j] = (__m512bh)_mm512_loadu_si512((const void *)(wp + 32 * j));
         for (int i = 0; i < R; i++) {
             int32_t pair;
             memcpy(&pair, xb + i * kp + 2 * p, 4);
             __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-            for (int j = 0; j < 4; j++) a[i][j] = _mm512_dpbf16_ps(a[i][j], v[j], xv);
+            for (int j = 0; j < J; j++) a[i * J + j] = _mm512_dpbf16_ps(a[i * J + j], v[j], xv);
         }
     }
     for (int i = 0; i < R; i++)
-        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + i * LL_BLOCK + 16 * j, a[i][j]);
+        for (int j = 0; j < J; j++) _mm512_storeu_ps(out + i * B + 16 * j, a[i * J + j]);
 }
 #endif
 
+/* One group of r rows (1 <= r <= 16 / J) against one block: R and J become constants, so
+   the accumulators stay in registers. */
+#define LL_ROWS4(CALL, J) \
+    switch (r) { case 1: CALL(1, J); break; case 2: CALL(2, J); break; \
+                 case 3: CALL(3, J); break; default: CALL(4, J); break; }
+#define LL_ROWS8(CALL, J) \
+    switch (r) { case 1: CALL(1, J); break; case 2: CALL(2, J); break; \
+                 case 3: CALL(3, J); break; case 4: CALL(4, J); break; \
+                 case 5: CALL(5, J); break; case 6: CALL(6, J); break; \
+                 case 7: CALL(7, J); break; default: CALL(8, J); break; }
+#define LL_DISPATCH(CALL) \
+    if (J == 4) { LL_ROWS4(CALL, 4) } else { LL_ROWS8(CALL, 2) }
+
 static void ll_block(int bf16, const void *w, int64_t k, const float *x, const uint16_t *xb,
-                     int64_t kp, float *out, int r) {
+                     int64_t kp, float *out, int r, int J) {
     if (bf16) {
         const uint16_t *wb = (const uint16_t *)w;
 #ifdef __AVX512BF16__
         (void)x;
-        switch (r) {
-        case 1: ll_block_dpbf16(wb, k, xb, kp, out, 1); break;
-        case 2: ll_block_dpbf16(wb, k, xb, kp, out, 2); break;
-        case 3: ll_block_dpbf16(wb, k, xb, kp, out, 3); break;
-        default: ll_block_dpbf16(wb, k, xb, kp, out, 4); break;
-        }
+#define LL_DOT(R, JJ) ll_block_dpbf16(wb, k, xb, kp, out, R, JJ)
+        LL_DISPATCH(LL_DOT)
         return;
 #else
         (void)xb;
 #endif
-        switch (r) {
-        case 1: ll_block_bf16(wb, k, x, kp, out, 1); break;
-        case 2: ll_block_bf16(wb, k, x, kp, out, 2); break;
-        case 3: ll_block_bf16(wb, k, x, kp, out, 3); break;
-        default: ll_block_bf16(wb, k, x, kp, out, 4); break;
-        }
+#define LL_WIDE(R, JJ) ll_block_bf16(wb, k, x, kp, out, R, JJ)
+        LL_DISPATCH(LL_WIDE)
     } else {
         const float *wf = (const float *)w;
-        switch (r) {
-        case 1: ll_block_f32(wf, k, x, kp, out, 1); break;
-        case 2: ll_block_f32(wf, k, x, kp, out, 2); break;
-        case 3: ll_block_f32(wf, k, x, kp, out, 3); break;
-        default: ll_block_f32(wf, k, x, kp, out, 4); break;
-        }
+#define LL_F32(R, JJ) ll_block_f32(wf, k, x, kp, out, R, JJ)
+        LL_DISPATCH(LL_F32)
     }
 }
 
@@ -223,14 +245,16 @@ int32_t leyline_linear_bf16_dot(void) {
 }
 
 /* y[rows][n] = x[rows][k] W^T (+ bias): W packed as above, n output columns in
-   ceil(n / 64) blocks of kp reduction entries each. x, bias and y are fp32 or bf16 like W
-   (bf16 = 1), rows contiguous (x_stride / y_stride elements apart). Returns 0, or -1 when
-   memory for the widened rows runs out. */
+   ceil(n / block) blocks of kp reduction entries each (block = 64 or 32). x, bias and y
+   are fp32 or bf16 like W (bf16 = 1), rows contiguous (x_stride / y_stride elements
+   apart). Returns 0, -1 when memory for the widened rows runs out, -2 for another block. */
 int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
                               const void *x, int64_t rows, int64_t x_stride,
                               const void *bias, void *y, int64_t y_stride, int32_t bf16,
-                              int32_t threads) {
-    int64_t blocks = (n + LL_BLOCK - 1) / LL_BLOCK;
+                              int32_t threads, int32_t block) {
+    if (block != 64 && block != 32) return -2;
+    const int J = block / 16, group = LL_ACC / J;
+    int64_t blocks = (n + block - 1) / block;
     int64_t es = bf16 ? 2 : 4;
     float *xf = (float *)calloc((size_t)(rows * kp + 1), sizeof(float));
     uint16_t *xb = (uint16_t *)calloc((size_t)(rows * kp + 2), sizeof(uint16_t));
@@ -247,16 +271,16 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
         }
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t b = 0; b < blocks; b++) {
-        float out[LL_GROUP * LL_BLOCK];
-        const char *wb = (const char *)w + b * kp * LL_BLOCK * es;
-        int64_t c0 = b * LL_BLOCK;
-        int64_t cols = n - c0 < LL_BLOCK ? n - c0 : LL_BLOCK;
-        for (int64_t i0 = 0; i0 < rows; i0 += LL_GROUP) {
-            int r = rows - i0 < LL_GROUP ? (int)(rows - i0) : LL_GROUP;
-            ll_block(bf16, wb, k, xf + i0 * kp, xb + i0 * kp, kp, out, r);
+        float out[LL_OUT];
+        const char *wb = (const char *)w + b * kp * block * es;
+        int64_t c0 = b * block;
+        int64_t cols = n - c0 < block ? n - c0 : block;
+        for (int64_t i0 = 0; i0 < rows; i0 += group) {
+            int r = rows - i0 < group ? (int)(rows - i0) : group;
+            ll_block(bf16, wb, k, xf + i0 * kp, xb + i0 * kp, kp, out, r, J);
             for (int i = 0; i < r; i++) {
                 for (int64_t c = 0; c < cols; c++) {
-                    float v = out[i * LL_BLOCK + c];
+                    float v = out[i * block + c];
                     if (bias)
                         v += bf16 ? ll_bf16(((const uint16_t *)bias)[c0 + c])
                                   : ((const float *)bias)[c0 + c];
@@ -274,38 +298,52 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
 """
 
 
-def _k_pad(packed: torch.Tensor, out_features: int, in_features: int) -> int | None:
-    """Reduction entries per block if the buffer's size fits this layout, else None."""
+def _k_pad(packed: torch.Tensor, out_features: int, in_features: int, block: int) -> int | None:
+    """Reduction entries per block if the buffer's size fits blocks of ``block`` columns."""
     pair = 2 if packed.dtype == torch.bfloat16 else 1
-    blocks = -(-out_features // BLOCK)
+    blocks = -(-out_features // block)
     count, rest = divmod(int(torch.ops.mkldnn._nbytes(packed)), packed.dtype.itemsize)
-    k_pad = count // (blocks * BLOCK)
-    if rest or k_pad * blocks * BLOCK != count or k_pad < in_features or k_pad % pair:
+    k_pad = count // (blocks * block)
+    if rest or k_pad * blocks * block != count or k_pad < in_features or k_pad % pair:
         return None
     return k_pad
 
 
-def packed_view(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor | None:
-    """The ``[out, in]`` weight a packed buffer holds under this kernel's layout (a new
-    tensor: the blocks are gathered), or None when the buffer's size cannot be that layout."""
-    k_pad = _k_pad(packed, out_features, in_features)
+def packed_view(
+    packed: torch.Tensor, out_features: int, in_features: int, block: int = BLOCKS[0]
+) -> torch.Tensor | None:
+    """The ``[out, in]`` weight a packed buffer holds under this kernel's layout with blocks
+    of ``block`` columns (a new tensor: the blocks are gathered), or None when the buffer's
+    size cannot be that layout."""
+    k_pad = _k_pad(packed, out_features, in_features, block)
     if k_pad is None:
         return None
     pair = 2 if packed.dtype == torch.bfloat16 else 1
     nbytes = int(torch.ops.mkldnn._nbytes(packed))
     raw = (ctypes.c_char * nbytes).from_address(int(torch.ops.mkldnn.data_ptr(packed)))
     flat = torch.frombuffer(raw, dtype=packed.dtype)  # shares the packed memory: read only
-    blocks = -(-out_features // BLOCK)
-    tiles = flat.view(blocks, k_pad // pair, BLOCK, pair).permute(0, 2, 1, 3)
-    return tiles.reshape(blocks * BLOCK, k_pad)[:out_features, :in_features]
+    blocks = -(-out_features // block)
+    tiles = flat.view(blocks, k_pad // pair, block, pair).permute(0, 2, 1, 3)
+    return tiles.reshape(blocks * block, k_pad)[:out_features, :in_features]
+
+
+def packed_block(packed: torch.Tensor, weight: torch.Tensor) -> int | None:
+    """The block width (of :data:`BLOCKS`) under which ``packed`` holds ``weight`` bitwise,
+    or None when it holds it under none of them."""
+    out_features, in_features = weight.shape
+    for block in BLOCKS:
+        view = packed_view(packed, out_features, in_features, block)
+        if view is not None and torch.equal(view, weight):
+            return block
+    return None
 
 
 class DirectLinear:
     """One packed layer bound to the kernel: its arguments worked out once, so that a call
     costs one allocation and one foreign call (a decode step makes 211 of them)."""
 
-    __slots__ = ("_bf16", "_bias", "_fn", "_in", "_k_pad", "_out", "_ptr", "_threads",
-                 "max_rows", "packed")  # fmt: skip
+    __slots__ = ("_bf16", "_bias", "_block", "_fn", "_in", "_k_pad", "_out", "_ptr",
+                 "_threads", "max_rows", "packed")  # fmt: skip
 
     def __init__(
         self,
@@ -317,6 +355,7 @@ class DirectLinear:
         bias: torch.Tensor | None,
         threads: int,
         max_rows: int = FEW_ROWS,
+        block: int = BLOCKS[0],
     ) -> None:
         self.packed = packed  # keeps the buffer alive
         self.max_rows = max_rows
@@ -325,6 +364,12 @@ class DirectLinear:
         self._out, self._in, self._threads = out_features, in_features, threads
         self._bias = None if bias is None else bias.contiguous()
         self._bf16 = int(packed.dtype == torch.bfloat16)
+        self._block = block
+
+    @property
+    def block(self) -> int:
+        """Output columns per block of the packed layout it reads."""
+        return self._block
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in] @ Wᵀ + bias``; ``x`` contiguous, in the weight's dtype."""
@@ -334,10 +379,12 @@ class DirectLinear:
         rc = self._fn(
             self._ptr, self._out, self._in, self._k_pad, x.data_ptr(), rows, self._in,
             None if self._bias is None else self._bias.data_ptr(), y.data_ptr(), self._out,
-            self._bf16, threads,
+            self._bf16, threads, self._block,
         )  # fmt: skip
-        if rc != 0:
+        if rc == -1:
             raise MemoryError("linear kernel: no memory for the widened rows")
+        if rc != 0:
+            raise ValueError(f"linear kernel: no {self._block}-column blocks (rc {rc})")
         return y
 
 
@@ -349,8 +396,8 @@ class LinearKernel:
         self.threaded = threaded
         fn = lib.leyline_packed_linear
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, ctypes.c_int32,
-                       ctypes.c_int32]  # fmt: skip
+        i32 = ctypes.c_int32
+        fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, i32, i32, i32]
         fn.restype = ctypes.c_int32
         self._fn = fn
         self.bf16_dot = bool(lib.leyline_linear_bf16_dot())
@@ -361,18 +408,21 @@ class LinearKernel:
     ) -> DirectLinear | None:
         """The layer ``packed`` (oneDNN's packing of ``weight``, ``[out, in]``) bound to the
         kernel, or None when the buffer does not hold ``weight`` bitwise under this
-        kernel's layout (then only oneDNN may read it)."""
+        kernel's layout with any block width of :data:`BLOCKS` (then only oneDNN may read
+        it)."""
         if packed.dtype not in (torch.float32, torch.bfloat16) or weight.dtype != packed.dtype:
             return None
         out_features, in_features = weight.shape
-        view = packed_view(packed, out_features, in_features)
-        k_pad = _k_pad(packed, out_features, in_features)
-        if view is None or k_pad is None or not torch.equal(view, weight):
+        block = packed_block(packed, weight)
+        k_pad = None if block is None else _k_pad(packed, out_features, in_features, block)
+        if block is None or k_pad is None:
             return None
-        blocks = -(-out_features // BLOCK)
-        threads = blocks // _MIN_BLOCKS_PER_THREAD if self.threaded else 1
-        rows = BF16_DOT_ROWS if packed.dtype == torch.bfloat16 and self.bf16_dot else FEW_ROWS
-        return DirectLinear(self._fn, packed, k_pad, out_features, in_features, bias, threads, rows)
+        threads = out_features // _MIN_COLUMNS_PER_THREAD if self.threaded else 1
+        dot = packed.dtype == torch.bfloat16 and self.bf16_dot and block == BLOCKS[0]
+        rows = BF16_DOT_ROWS if dot else FEW_ROWS
+        return DirectLinear(
+            self._fn, packed, k_pad, out_features, in_features, bias, threads, rows, block
+        )
 
 
 def _flags(openmp: bool) -> list[str]:

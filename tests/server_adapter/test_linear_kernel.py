@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from leyline.server_adapter import kernel_build, linear_kernel
-from leyline.server_adapter.linear_kernel import DirectLinear, LinearKernel, packed_view
+from leyline.server_adapter.linear_kernel import BLOCKS, DirectLinear, LinearKernel, packed_view
 from leyline.server_adapter.packed_linear import (
     KERNEL_MAX_ROWS,
     SWITCH,
@@ -28,10 +28,15 @@ AMX_BF16 = "amx_bf16" in kernel_build.cpu_flags()
 
 
 def layout_known(dtype: torch.dtype) -> bool:
-    """Whether oneDNN packs ``dtype`` weights in the kernel's layout on this CPU: on AVX-512,
-    except bf16 where the CPU has AMX (oneDNN packs those for the tile unit: seen on a Xeon
-    with AMX, 2026-12-05)."""
-    return AVX512 and not (dtype == torch.bfloat16 and AMX_BF16)
+    """Whether oneDNN packs ``dtype`` weights in a layout the kernel reads on this CPU: on
+    AVX-512 (bf16 where the CPU has AMX in blocks of 32 columns, else of 64)."""
+    return AVX512
+
+
+def expected_block(dtype: torch.dtype) -> int:
+    """The block width oneDNN was seen to pack ``dtype`` in on an AVX-512 CPU: 32 for bf16
+    on a CPU with AMX (for the tile unit: a Xeon with AMX, 2026-12-05), else 64."""
+    return 32 if dtype == torch.bfloat16 and AMX_BF16 else 64
 
 
 SHAPES = [(576, 576), (192, 576), (100, 70), (3, 1000), (1000, 3), (64, 64), (130, 71)]
@@ -84,12 +89,15 @@ def test_the_layout_read_is_onednns_packing_of_the_weight(
 ) -> None:
     weight = torch.randn(out_features, in_features).to(dtype)
     packed = _packed(weight)
-    view = packed_view(packed, out_features, in_features)
-    matches = view is not None and torch.equal(view, weight)
+    reads = {block: packed_view(packed, out_features, in_features, block) for block in BLOCKS}
+    matching = [b for b, view in reads.items() if view is not None and torch.equal(view, weight)]
     if layout_known(dtype):  # where it was measured: the layout must be read exactly
-        assert matches
-    # Anywhere: the kernel binds a layer exactly when its buffer reads back bitwise.
-    assert (kernel.bind(packed, weight, None) is not None) == matches
+        assert matching == [expected_block(dtype)]
+    # Anywhere: the kernel binds a layer exactly when its buffer reads back bitwise, and
+    # reads it with the block width it reads back under.
+    direct = kernel.bind(packed, weight, None)
+    assert (direct is not None) == bool(matching)
+    assert direct is None or direct.block == matching[0]
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9])
@@ -181,15 +189,18 @@ def test_packed_linear_sends_only_few_contiguous_rows_to_the_kernel(kernel: Line
 
 @needs_bf16
 def test_bf16_on_the_dot_product_takes_a_splices_pass(kernel: LinearKernel) -> None:
-    """Where the CPU has a bf16 dot product, bf16 products of up to 32 rows (a splice's
-    17 among them) go to the kernel; fp32 ones stop at 8."""
+    """Where the CPU has a bf16 dot product and oneDNN packs bf16 in blocks of 64, bf16
+    products of up to 32 rows (a splice's 17 among them) go to the kernel; fp32 ones, and
+    bf16 in blocks of 32 (packed for AMX, whose products are as fast from ~8 rows), stop
+    at 8."""
     assert kernel.bf16_dot == ("avx512_bf16" in kernel_build.cpu_flags() and AVX512)
     bf16 = PackedLinear(_linear(192, 576, True, torch.bfloat16), kernel=kernel)
     fp32 = PackedLinear(_linear(192, 576, True, torch.float32), kernel=kernel)
     if bf16.direct is None or fp32.direct is None:
         assert not layout_known(torch.bfloat16), "PackedLinear left a layer off the kernel"
         pytest.skip("oneDNN packs these weights in another layout on this CPU")
-    most = linear_kernel.BF16_DOT_ROWS if kernel.bf16_dot else KERNEL_MAX_ROWS
+    dot = kernel.bf16_dot and bf16.direct.block == 64
+    most = linear_kernel.BF16_DOT_ROWS if dot else KERNEL_MAX_ROWS
     assert (bf16.kernel_rows, fp32.kernel_rows) == (most, KERNEL_MAX_ROWS)
     spy = _Counting(bf16.direct)
     bf16.direct = spy  # type: ignore[assignment]
