@@ -28,6 +28,7 @@ from transformers.cache_utils import DynamicLayer
 
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.kv_blocks import KVCache
+from leyline.server_adapter.lean_layers import transformers_layers
 
 from .measures import rel_l2
 from .tokens import TokenizedPrompt
@@ -83,7 +84,8 @@ def shifted_reference(
     main = DynamicCache()
     try:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=model.device)
-        model(input_ids=ids, position_ids=pos, cache=main, use_cache=True, logits_to_keep=1)
+        with transformers_layers(model):  # the hooks need the attention modules' own calls
+            model(input_ids=ids, position_ids=pos, cache=main, use_cache=True, logits_to_keep=1)
     finally:
         for h in hooks:
             h.remove()

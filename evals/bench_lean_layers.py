@@ -1,0 +1,132 @@
+"""The lean decoder-layer forward (``lean_layers``) against transformers' own, per operation.
+
+One engine per dtype; for each context a prefilled session, then three operations on a
+private copy of it, each run with transformers' layer forward and with the lean one,
+interleaved so the machine's noise hits both arms alike: a decode step (one token), a
+delete with next-token logits (a 300-token span at a quarter of the context, in place),
+and a splice with logits (the same span replaced by 16 tokens). Figures are medians;
+``x`` is plain / lean. Both arms compute bitwise the same (``test_lean_layers.py``).
+
+Run: ``.venv/bin/python evals/bench_lean_layers.py`` (``--quick`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from leyline.evals.bench_linear_kernel import DTYPES
+from leyline.evals.bench_splice import document, stub_tokens
+from leyline.protocol.algebra import Edit
+from leyline.protocol.directives import Mode
+from leyline.server_adapter.allocator import retain_freed_memory
+from leyline.server_adapter.engine import Engine
+from leyline.server_adapter.forward import new_buffers
+from leyline.server_adapter.lean_layers import drop_lean_layers, use_lean_layers
+from leyline.server_adapter.session import SessionCache
+
+SPAN = 300
+STUB = 16
+
+
+Op = Callable[[], Callable[[], object]]
+"""Sets up one run off the clock and returns the call to time."""
+
+
+def operations(engine: Engine, base: SessionCache) -> dict[str, Op]:
+    n = len(base.tokens)
+    start = n // 4
+    end = min(start + SPAN, n - 1)
+    stub = stub_tokens(engine, STUB)
+
+    def decode() -> Callable[[], object]:
+        buffers = new_buffers(base.kv, n + 1)
+        for layer, slots in zip(base.kv, buffers, strict=True):
+            for src, dst in zip(layer, slots, strict=True):
+                dst[..., :n, :].copy_(src)
+        return lambda: engine.forward_into(buffers, n, [int(base.tokens[-1])])
+
+    def edit(replacement: tuple[int, ...]) -> Op:
+        def setup() -> Callable[[], object]:
+            fork = base.fork(copy_kv=True)  # its own buffers: the edit runs in place
+            edits = [Edit(start, end, replacement, Mode.amortize)]
+            return lambda: fork.apply_edits(edits, want_logits=True)
+
+        return setup
+
+    return {"decode": decode, "delete+logits": edit(()), "splice+logits": edit(stub)}
+
+
+def timed(op: Op) -> float:
+    run = op()
+    t0 = time.perf_counter()
+    run()
+    ms = (time.perf_counter() - t0) * 1e3
+    del run
+    gc.collect()
+    return ms
+
+
+def bench(engine: Engine, n: int, runs: int) -> dict[str, tuple[float, float]]:
+    """Per operation: (plain, lean) medians in ms."""
+    base = SessionCache(engine)
+    base.prefill(document(engine, n))
+    ops = operations(engine, base)
+    times: dict[tuple[str, str], list[float]] = {}
+    arms: dict[str, Callable[[], object]] = {
+        "plain": lambda: drop_lean_layers(engine.model),
+        "lean": lambda: use_lean_layers(engine.model),
+    }
+    for round_ in range(runs + 1):  # the first round warms up
+        for name, op in ops.items():
+            for arm, switch in arms.items():
+                switch()
+                ms = timed(op)
+                if round_:
+                    times.setdefault((name, arm), []).append(ms)
+    use_lean_layers(engine.model)
+    base.release()
+    return {
+        name: (statistics.median(times[name, "plain"]), statistics.median(times[name, "lean"]))
+        for name in ops
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[int, dict[str, tuple[float, float]]]]:
+    """Prints the table; returns per dtype, per context, per operation (plain, lean) ms."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=DTYPES)
+    parser.add_argument("--contexts", nargs="+", type=int, default=[512, 4096])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 512 tokens, 2 runs")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.contexts, args.runs = [512], 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    retain_freed_memory()
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {args.model}")
+    results: dict[str, dict[int, dict[str, tuple[float, float]]]] = {}
+    for dtype in args.dtypes:
+        engine = Engine.load(args.model, dtype=DTYPES[dtype])
+        if not engine.lean_layers:
+            print(f"# {dtype}: the model's layers cannot go lean")
+            continue
+        print(f"# {dtype}: {engine.lean_layers} lean layers; {engine.packing.describe()}")
+        print("context | operation      | plain_ms  lean_ms      x")
+        for n in args.contexts:
+            figures = results.setdefault(dtype, {})[n] = bench(engine, n, args.runs)
+            for name, (plain, lean) in figures.items():
+                print(f"{n:7d} | {name:14s} | {plain:8.1f} {lean:8.1f} {plain / lean:6.2f}x")
+    return results
+
+
+if __name__ == "__main__":
+    main()
