@@ -15,6 +15,7 @@ build. Without a compiler, on a failed build, or with the kernel's environment s
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -57,6 +58,28 @@ def compiler() -> str | None:
         if name and shutil.which(name):
             return name
     return None
+
+
+@functools.cache
+def compiler_accepts(*flags: str) -> bool:
+    """Whether the C compiler builds an empty source with ``flags`` (e.g. an ISA extension
+    an older compiler does not know); False without a compiler."""
+    cc = compiler()
+    if cc is None:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.c"
+        src.write_text("int leyline_probe(void) { return 0; }\n")
+        try:
+            subprocess.run(
+                [cc, *flags, "-c", str(src), "-o", str(Path(tmp) / "probe.o")],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return False
+    return True
 
 
 def cpu_flags() -> frozenset[str]:

@@ -4,10 +4,11 @@ A decode step, a batched decode step and a splice's last token multiply a handfu
 by every weight of the model: the work is one read of the weights, so it should run at
 memory speed. oneDNN's packed product (``packed_linear``) streams a one-row product at
 about 15 GB/s on this machine against 31 GB/s for a plain read. This kernel reads the same
-packed buffer (no second copy of the weights) and holds 64 output columns of up to four
-rows in registers while it walks the reduction dimension, so every weight byte comes from
-memory once per call, whatever the row count: a group of four rows reads an output block
-from memory, the next group finds it in L2.
+packed buffer (no second copy of the weights) and holds an output block of 64 (or 32)
+columns of up to four (or eight) rows in registers while it walks the reduction dimension,
+prefetching 8 KB ahead, so every weight byte comes from memory once per call, whatever the
+row count: a group of rows reads an output block from memory, the next group finds it in
+L2.
 
 The layout is the one oneDNN picks for these weights with a row hint of 64 on an AVX-512
 CPU (measured, not documented): output blocks of B columns, each ``[K_pad][B]`` for fp32
@@ -22,8 +23,13 @@ the layer keeps oneDNN's product.
 Sums are fp32 for both dtypes; a bf16 output is rounded to nearest even. bf16 weights are
 widened exactly, or, on a CPU with AVX512_BF16, multiplied a pair at a time by its bf16 dot
 product (``vdpbf16ps``: both products of a pair added to an fp32 lane; about 2x the
-widening loop at 8-17 rows), as oneDNN does. Built and loaded by ``kernel_build``
-(``LEYLINE_LINEAR_KERNEL=0`` turns it off); without a compiler :func:`load` returns None.
+widening loop at 8-17 rows), as oneDNN does. On oneDNN's AMX packing, where the kernel is
+built with AMX and Linux grants the process the tile unit, bf16 products run on it instead:
+up to 32 rows as two 16-row A tiles against the block's two 16-column B tiles, loaded from
+the packed buffer as it lies (a pair row of a block is 128 bytes: 64 for each B tile).
+Outputs are written 16 lanes at a time, bias added, bf16 rounded as the scalar code rounds.
+Built and loaded by ``kernel_build`` (``LEYLINE_LINEAR_KERNEL=0`` turns it off); without a
+compiler :func:`load` returns None.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from . import kernel_build
 from .kernel_build import KernelStatus
 
 __all__ = [
+    "AMX_ROWS",
     "BLOCKS",
     "DirectLinear",
     "KernelStatus",
@@ -56,19 +63,35 @@ oneDNN's at 1-8 rows in both dtypes; at 17 even in fp32 (``evals/bench_packed_li
 docs/perf.md)."""
 BF16_DOT_ROWS = 32
 """The same for bf16 where the kernel runs on the CPU's bf16 dot product: 1.2x oneDNN's at
-17 rows and 1.14x at 32 on an AMD EPYC (docs/perf.md). Not where oneDNN packs bf16 for AMX
-(blocks of 32 columns): its tile products are as fast as the kernel from about 8 rows (a
-Xeon with AMX, 2026-12-05), so there the kernel stops at :data:`FEW_ROWS`."""
+17 rows and 1.14x at 32 on an AMD EPYC (docs/perf.md). Not on oneDNN's AMX packing (blocks
+of 32 columns): there oneDNN's tile products are as fast as the dot product from about 8
+rows, so the kernel takes them on the tile unit itself (:data:`AMX_ROWS`), or, built
+without it, stops at :data:`FEW_ROWS`."""
+AMX_BLOCK = 32
+"""The block width of oneDNN's bf16 packing for AMX, which the kernel's tile path reads."""
+AMX_ROWS = 32
+"""Most rows a bf16 product on that packing sends to the kernel, where it runs them on the
+tile unit (every row count, one included: as fast as the dot product there): 1.3-1.4x
+oneDNN's product at 4-32 rows over SmolLM2's layers, tied at 48, slower at 64 (a Xeon with
+AMX, 2026-12-05)."""
 _ENV_SWITCH = "LEYLINE_LINEAR_KERNEL"
 _MIN_COLUMNS_PER_THREAD = 256
 """A layer with fewer output columns per thread runs on fewer threads (a fork costs more)."""
 
 _SOURCE = r"""
+#define _GNU_SOURCE
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
+#endif
+#ifdef __AMX_BF16__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
 #endif
 
 /* A block is 16 * J output columns (J = 4: 64, J = 2: 32); a group of R <= 16 / J rows
@@ -92,6 +115,44 @@ static inline uint16_t ll_to_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
+}
+
+/* y[0..cols) = out[0..cols) + bias[0..cols), fp32 or rounded to nearest even bf16 (as
+   ll_to_bf16, NaN included), 16 lanes at a time. */
+static void ll_store_row(const float *out, int64_t cols, const void *bias, void *y, int bf16) {
+#ifdef __AVX512F__
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff);
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i quiet = _mm512_set1_epi32(0x40);
+    for (int64_t c = 0; c < cols; c += 16) {
+        __mmask16 m = cols - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - c)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, out + c);
+        if (bias) {
+            __m512 b = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                                  _mm256_maskz_loadu_epi16(m, (const uint16_t *)bias + c)), 16))
+                            : _mm512_maskz_loadu_ps(m, (const float *)bias + c);
+            v = _mm512_add_ps(v, b);
+        }
+        if (!bf16) {
+            _mm512_mask_storeu_ps((float *)y + c, m, v);
+            continue;
+        }
+        __m512i u = _mm512_castps_si512(v);
+        __m512i up = _mm512_srli_epi32(u, 16);
+        __m512i r = _mm512_srli_epi32(
+            _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(up, one))), 16);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+        r = _mm512_mask_or_epi32(r, nan, up, quiet);
+        _mm256_mask_storeu_epi16((uint16_t *)y + c, m, _mm512_cvtepi32_epi16(r));
+    }
+#else
+    for (int64_t c = 0; c < cols; c++) {
+        float v = out[c];
+        if (bias) v += bf16 ? ll_bf16(((const uint16_t *)bias)[c]) : ((const float *)bias)[c];
+        if (bf16) ((uint16_t *)y)[c] = ll_to_bf16(v);
+        else ((float *)y)[c] = v;
+    }
+#endif
 }
 
 /* out[i][0..16J) = sum_k x[i][k] * W[k][block col] for R rows; x rows are fp32, kp apart. */
@@ -244,6 +305,60 @@ int32_t leyline_linear_bf16_dot(void) {
 #endif
 }
 
+#ifdef __AMX_BF16__
+/* The tile unit on oneDNN's AMX packing of bf16 weights ([kp/2][32][2] per block of 32
+   columns, kp a multiple of 32). Rows go 32 at a time, as two 16-row A tiles; a block's
+   32 columns are two B tiles (16 pairs x 16 columns: 64 of each pair row's 128 bytes), so
+   the 8 tiles hold C 2x2, A 2 and B 2. x rows are bf16, kp apart, zero past k and past
+   the last row up to a multiple of 16 (rows_pad). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} ll_tilecfg;
+
+/* 1 when this process may use the tile unit (Linux grants it on request, per process). */
+int32_t leyline_linear_amx_ready(void) {
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+}
+
+static void ll_amx_block(const char *wb, int64_t kp, const uint16_t *xb, int64_t rows_pad,
+                         float *out) {
+    for (int64_t g0 = 0; g0 < rows_pad; g0 += 32) {
+        const int two = rows_pad - g0 > 16;
+        const uint16_t *x0 = xb + g0 * kp, *x1 = x0 + 16 * kp;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t t = 0; t < kp / 32; t++) {
+            const char *bt = wb + t * 16 * 128;
+            for (int line = 0; line < 2048; line += 64)
+                _mm_prefetch(bt + LL_AHEAD + line, _MM_HINT_T0);
+            _tile_loadd(6, bt, 128);
+            _tile_loadd(7, bt + 64, 128);
+            _tile_loadd(4, x0 + 32 * t, kp * 2);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            if (two) {
+                _tile_loadd(5, x1 + 32 * t, kp * 2);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+        }
+        float *o = out + g0 * 32;
+        _tile_stored(0, o, 128);
+        _tile_stored(1, o + 16, 128);
+        if (two) {
+            _tile_stored(2, o + 16 * 32, 128);
+            _tile_stored(3, o + 16 * 32 + 16, 128);
+        }
+    }
+}
+#else
+int32_t leyline_linear_amx_ready(void) { return 0; }
+#endif
+
 /* y[rows][n] = x[rows][k] W^T (+ bias): W packed as above, n output columns in
    ceil(n / block) blocks of kp reduction entries each (block = 64 or 32). x, bias and y
    are fp32 or bf16 like W (bf16 = 1), rows contiguous (x_stride / y_stride elements
@@ -251,8 +366,53 @@ int32_t leyline_linear_bf16_dot(void) {
 int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
                               const void *x, int64_t rows, int64_t x_stride,
                               const void *bias, void *y, int64_t y_stride, int32_t bf16,
-                              int32_t threads, int32_t block) {
+                              int32_t threads, int32_t block, int32_t amx_rows) {
     if (block != 64 && block != 32) return -2;
+#ifdef __AMX_BF16__
+    if (bf16 && block == 32 && amx_rows > 0 && rows >= amx_rows && kp % 32 == 0) {
+        int64_t rows_pad = (rows + 15) / 16 * 16;
+        int64_t blocks = (n + 31) / 32;
+        uint16_t *xb = (uint16_t *)calloc((size_t)(rows_pad * kp), sizeof(uint16_t));
+        float *outs = (float *)malloc((size_t)threads * (size_t)(rows_pad * 32) * sizeof(float));
+        if (!xb || !outs) {
+            free(xb);
+            free(outs);
+            return -1;
+        }
+        for (int64_t i = 0; i < rows; i++)
+            memcpy(xb + i * kp, (const uint16_t *)x + i * x_stride, (size_t)k * 2);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+            ll_tilecfg cfg;
+            memset(&cfg, 0, sizeof cfg);
+            cfg.palette = 1;
+            for (int t = 0; t < 8; t++) {
+                cfg.colsb[t] = 64;
+                cfg.rows[t] = 16;
+            }
+            _tile_loadconfig(&cfg);
+            int me = 0;
+#ifdef _OPENMP
+            me = omp_get_thread_num();
+#endif
+            float *out = outs + (int64_t)me * rows_pad * 32;
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < blocks; b++) {
+                ll_amx_block((const char *)w + b * kp * 32 * 2, kp, xb, rows_pad, out);
+                int64_t c0 = b * 32, cols = n - c0 < 32 ? n - c0 : 32;
+                for (int64_t i = 0; i < rows; i++)
+                    ll_store_row(out + i * 32, cols, bias ? (const uint16_t *)bias + c0 : NULL,
+                                 (uint16_t *)y + i * y_stride + c0, 1);
+            }
+            _tile_release();
+        }
+        free(xb);
+        free(outs);
+        return 0;
+    }
+#else
+    (void)amx_rows;
+#endif
     const int J = block / 16, group = LL_ACC / J;
     int64_t blocks = (n + block - 1) / block;
     int64_t es = bf16 ? 2 : 4;
@@ -278,17 +438,9 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
         for (int64_t i0 = 0; i0 < rows; i0 += group) {
             int r = rows - i0 < group ? (int)(rows - i0) : group;
             ll_block(bf16, wb, k, xf + i0 * kp, xb + i0 * kp, kp, out, r, J);
-            for (int i = 0; i < r; i++) {
-                for (int64_t c = 0; c < cols; c++) {
-                    float v = out[i * block + c];
-                    if (bias)
-                        v += bf16 ? ll_bf16(((const uint16_t *)bias)[c0 + c])
-                                  : ((const float *)bias)[c0 + c];
-                    int64_t at = (i0 + i) * y_stride + c0 + c;
-                    if (bf16) ((uint16_t *)y)[at] = ll_to_bf16(v);
-                    else ((float *)y)[at] = v;
-                }
-            }
+            for (int i = 0; i < r; i++)
+                ll_store_row(out + i * block, cols, bias ? (const char *)bias + c0 * es : NULL,
+                             (char *)y + ((i0 + i) * y_stride + c0) * es, bf16);
         }
     }
     free(xf);
@@ -343,7 +495,7 @@ class DirectLinear:
     costs one allocation and one foreign call (a decode step makes 211 of them)."""
 
     __slots__ = ("_bf16", "_bias", "_block", "_fn", "_in", "_k_pad", "_out", "_ptr",
-                 "_threads", "max_rows", "packed")  # fmt: skip
+                 "_threads", "amx_rows", "max_rows", "packed")  # fmt: skip
 
     def __init__(
         self,
@@ -356,6 +508,7 @@ class DirectLinear:
         threads: int,
         max_rows: int = FEW_ROWS,
         block: int = BLOCKS[0],
+        amx_rows: int = 0,
     ) -> None:
         self.packed = packed  # keeps the buffer alive
         self.max_rows = max_rows
@@ -365,6 +518,8 @@ class DirectLinear:
         self._bias = None if bias is None else bias.contiguous()
         self._bf16 = int(packed.dtype == torch.bfloat16)
         self._block = block
+        self.amx_rows = amx_rows
+        """Products of at least this many rows run on the tile unit (0: never)."""
 
     @property
     def block(self) -> int:
@@ -379,7 +534,7 @@ class DirectLinear:
         rc = self._fn(
             self._ptr, self._out, self._in, self._k_pad, x.data_ptr(), rows, self._in,
             None if self._bias is None else self._bias.data_ptr(), y.data_ptr(), self._out,
-            self._bf16, threads, self._block,
+            self._bf16, threads, self._block, self.amx_rows,
         )  # fmt: skip
         if rc == -1:
             raise MemoryError("linear kernel: no memory for the widened rows")
@@ -397,11 +552,14 @@ class LinearKernel:
         fn = lib.leyline_packed_linear
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         i32 = ctypes.c_int32
-        fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, i32, i32, i32]
+        fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, i32, i32, i32, i32]
         fn.restype = ctypes.c_int32
         self._fn = fn
         self.bf16_dot = bool(lib.leyline_linear_bf16_dot())
         """bf16 products run on the CPU's bf16 dot product (AVX512_BF16)."""
+        self.amx = bool(lib.leyline_linear_amx_ready())
+        """bf16 products on oneDNN's AMX packing may run on the tile unit (built with AMX,
+        and the OS lets this process use it)."""
 
     def bind(
         self, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
@@ -418,17 +576,27 @@ class LinearKernel:
         if block is None or k_pad is None:
             return None
         threads = out_features // _MIN_COLUMNS_PER_THREAD if self.threaded else 1
-        dot = packed.dtype == torch.bfloat16 and self.bf16_dot and block == BLOCKS[0]
-        rows = BF16_DOT_ROWS if dot else FEW_ROWS
+        bf16 = packed.dtype == torch.bfloat16
+        tiles = bf16 and self.amx and block == AMX_BLOCK
+        dot = bf16 and self.bf16_dot and block == BLOCKS[0]
+        rows = AMX_ROWS if tiles else BF16_DOT_ROWS if dot else FEW_ROWS
         return DirectLinear(
-            self._fn, packed, k_pad, out_features, in_features, bias, threads, rows, block
-        )
+            self._fn, packed, k_pad, out_features, in_features, bias, threads, rows, block,
+            amx_rows=1 if tiles else 0,
+        )  # fmt: skip
 
 
 def _flags(openmp: bool) -> list[str]:
     flags = [*kernel_build.base_flags(openmp), "-ffp-contract=fast"]
     if "-mavx512f" in flags and "avx512_bf16" in kernel_build.cpu_flags():
         flags.append("-mavx512bf16")  # bf16 products on the CPU's bf16 dot product
+    amx = ["-mamx-tile", "-mamx-bf16"]  # bf16 products on the tile unit
+    if (
+        "-mavx512f" in flags
+        and "amx_bf16" in kernel_build.cpu_flags()
+        and kernel_build.compiler_accepts(*amx)
+    ):
+        flags += amx
     return flags
 
 

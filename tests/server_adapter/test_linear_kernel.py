@@ -10,7 +10,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from leyline.server_adapter import kernel_build, linear_kernel
-from leyline.server_adapter.linear_kernel import BLOCKS, DirectLinear, LinearKernel, packed_view
+from leyline.server_adapter.linear_kernel import (
+    AMX_ROWS,
+    BLOCKS,
+    DirectLinear,
+    LinearKernel,
+    packed_view,
+)
 from leyline.server_adapter.packed_linear import (
     KERNEL_MAX_ROWS,
     SWITCH,
@@ -120,15 +126,23 @@ def test_fp32_products_are_as_close_to_fp64_as_torchs(
 
 
 @needs_bf16
-@pytest.mark.parametrize("rows", [1, 3, 6, 17])
+@pytest.mark.parametrize("path", ["tiles", "vectors"])
+@pytest.mark.parametrize("rows", [1, 3, 6, 17, 32, 40])
 @pytest.mark.parametrize(("out_features", "in_features", "bias"), [(576, 576, True),
                                                                    (130, 71, True),
                                                                    (192, 576, False)])  # fmt: skip
 def test_bf16_products_are_one_rounding_of_the_exact_one(
-    kernel: LinearKernel, rows: int, out_features: int, in_features: int, bias: bool
+    kernel: LinearKernel, path: str, rows: int, out_features: int, in_features: int, bias: bool
 ) -> None:
+    """On either path: the tile unit (where the kernel runs bf16 on it) and the vector
+    code (the bf16 dot product or the widening loop); 40 rows: two groups of 32 tiles."""
     linear = _linear(out_features, in_features, bias, torch.bfloat16)
     direct = _bound(kernel, linear)
+    if path == "tiles" and not direct.amx_rows:
+        assert not (kernel.amx and direct.block == linear_kernel.AMX_BLOCK)
+        pytest.skip("the kernel has no tile unit for this layout here")
+    if path == "vectors":
+        direct.amx_rows = 0
     x = torch.randn(rows, in_features).to(torch.bfloat16)
     got = direct(x)
     with torch.no_grad():
@@ -140,11 +154,14 @@ def test_bf16_products_are_one_rounding_of_the_exact_one(
     assert bool(((got.double() - exact).abs() <= bound).all())
 
 
+@pytest.mark.parametrize("rows", [3, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16)])
-def test_the_thread_count_does_not_change_a_bit(kernel: LinearKernel, dtype: torch.dtype) -> None:
+def test_the_thread_count_does_not_change_a_bit(
+    kernel: LinearKernel, dtype: torch.dtype, rows: int
+) -> None:
     linear = _linear(1000, 576, True, dtype)
     direct = _bound(kernel, linear)
-    x = torch.randn(3, 576).to(dtype)
+    x = torch.randn(rows, 576).to(dtype)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -188,20 +205,23 @@ def test_packed_linear_sends_only_few_contiguous_rows_to_the_kernel(kernel: Line
 
 
 @needs_bf16
-def test_bf16_on_the_dot_product_takes_a_splices_pass(kernel: LinearKernel) -> None:
-    """Where the CPU has a bf16 dot product and oneDNN packs bf16 in blocks of 64, bf16
-    products of up to 32 rows (a splice's 17 among them) go to the kernel; fp32 ones, and
-    bf16 in blocks of 32 (packed for AMX, whose products are as fast from ~8 rows), stop
-    at 8."""
+def test_bf16_products_of_a_splices_pass_go_to_the_kernel(kernel: LinearKernel) -> None:
+    """bf16 products of up to 32 rows (a splice's 17 among them) go to the kernel: on the
+    tile unit where oneDNN packs for AMX and the kernel has it, else on the bf16 dot
+    product where oneDNN packs in blocks of 64; otherwise, and in fp32, up to 8."""
     assert kernel.bf16_dot == ("avx512_bf16" in kernel_build.cpu_flags() and AVX512)
+    if AVX512 and AMX_BF16:  # Linux grants the tile unit: measured on this Xeon
+        assert kernel.amx
     bf16 = PackedLinear(_linear(192, 576, True, torch.bfloat16), kernel=kernel)
     fp32 = PackedLinear(_linear(192, 576, True, torch.float32), kernel=kernel)
     if bf16.direct is None or fp32.direct is None:
         assert not layout_known(torch.bfloat16), "PackedLinear left a layer off the kernel"
         pytest.skip("oneDNN packs these weights in another layout on this CPU")
+    tiles = kernel.amx and bf16.direct.block == linear_kernel.AMX_BLOCK
     dot = kernel.bf16_dot and bf16.direct.block == 64
-    most = linear_kernel.BF16_DOT_ROWS if dot else KERNEL_MAX_ROWS
+    most = AMX_ROWS if tiles else linear_kernel.BF16_DOT_ROWS if dot else KERNEL_MAX_ROWS
     assert (bf16.kernel_rows, fp32.kernel_rows) == (most, KERNEL_MAX_ROWS)
+    assert bf16.direct.amx_rows == (1 if tiles else 0) and fp32.direct.amx_rows == 0
     spy = _Counting(bf16.direct)
     bf16.direct = spy  # type: ignore[assignment]
     with torch.no_grad():
@@ -238,3 +258,26 @@ def test_switched_off_by_its_environment_variable(monkeypatch: pytest.MonkeyPatc
     report = pack_linear_layers(tiny_llama(seed=7).model)
     assert report.packed > 0 and report.direct == 0
     assert "disabled" in report.kernel
+
+
+@pytest.mark.parametrize("amx", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16)])
+def test_non_finite_inputs_give_what_the_exact_product_gives(
+    kernel: LinearKernel, dtype: torch.dtype, amx: bool
+) -> None:
+    """A NaN row gives NaN outputs and an infinite one infinities or NaN, as in fp64: the
+    vectorised store rounds them as the scalar code does (a NaN stays a NaN in bf16)."""
+    linear = _linear(130, 71, True, dtype)
+    direct = _bound(kernel, linear)
+    if not amx:
+        direct.amx_rows = 0
+    x = torch.randn(4, 71).to(dtype)
+    x[1, 5], x[2, 9] = float("nan"), float("inf")
+    got = direct(x).double()
+    with torch.no_grad():
+        exact = _exact(x, linear)
+    assert torch.equal(got.isnan(), exact.isnan()) and bool(got[1].isnan().all())
+    assert torch.equal(got.isinf(), exact.isinf()) and bool(got[2].isfinite().sum() == 0)
+    finite = exact.isfinite()
+    scale = exact[finite].abs().max()
+    assert bool((got[finite] - exact[finite]).abs().max() <= 2**-7 * scale)
