@@ -21,7 +21,7 @@ import torch
 
 from leyline.server_adapter.batched_decode import Row
 from leyline.server_adapter.engine import Engine
-from leyline.server_adapter.forward import new_buffers
+from leyline.server_adapter.forward import buffers_holding
 
 
 def session_rows(engine: Engine, batch: int, context: int, room: int, seed: int) -> list[Row]:
@@ -31,11 +31,7 @@ def session_rows(engine: Engine, batch: int, context: int, room: int, seed: int)
         n = max(1, context - 7 * b)  # lengths differ, as concurrent sessions' do
         tokens = torch.randint(3, engine.vocab_size, (n,), generator=g).tolist()
         kv, _ = engine.forward((), tokens)
-        buffers = new_buffers(kv, n + room)
-        for layer, slots in zip(kv, buffers, strict=True):
-            for src, dst in zip(layer, slots, strict=True):
-                dst[..., :n, :].copy_(src)
-        rows.append(Row(buffers, n, tokens[-1]))
+        rows.append(Row(buffers_holding(kv, n + room), n, tokens[-1]))
     return rows
 
 

@@ -26,7 +26,7 @@ from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 from leyline.server_adapter.allocator import retain_freed_memory
 from leyline.server_adapter.engine import Engine
-from leyline.server_adapter.forward import new_buffers
+from leyline.server_adapter.forward import buffers_holding
 from leyline.server_adapter.lean_layers import drop_lean_layers, use_lean_layers
 from leyline.server_adapter.session import SessionCache
 
@@ -45,10 +45,7 @@ def operations(engine: Engine, base: SessionCache) -> dict[str, Op]:
     stub = stub_tokens(engine, STUB)
 
     def decode() -> Callable[[], object]:
-        buffers = new_buffers(base.kv, n + 1)
-        for layer, slots in zip(base.kv, buffers, strict=True):
-            for src, dst in zip(layer, slots, strict=True):
-                dst[..., :n, :].copy_(src)
+        buffers = buffers_holding(base.kv, n + 1)
         return lambda: engine.forward_into(buffers, n, [int(base.tokens[-1])])
 
     def edit(replacement: tuple[int, ...]) -> Op:

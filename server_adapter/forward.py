@@ -77,6 +77,16 @@ def new_buffers(kv: KVCache, capacity: int) -> KVBuffers:
     ]
 
 
+def buffers_holding(kv: KVCache, capacity: int) -> KVBuffers:
+    """New buffers with room for ``capacity`` positions, ``kv`` copied into their start."""
+    length = kv_length(kv)
+    buffers = new_buffers(kv, capacity)
+    for layer, slots in zip(kv, buffers, strict=True):
+        for src, dst in zip(layer, slots, strict=True):
+            dst[..., :length, :].copy_(src)
+    return buffers
+
+
 def filled(buffers: KVBuffers, length: int) -> KVCache:
     """Views of the first ``length`` positions."""
     return tuple(tuple(t[..., :length, :] for t in layer) for layer in buffers)
@@ -239,10 +249,7 @@ def forward_tokens(
         raise ValueError(f"reserve must be >= 0, got {reserve}")
     length = kv_length(kv)
     total = length + len(tokens)
-    buffers = new_buffers(kv, total + reserve)
-    for layer, slots in zip(kv, buffers, strict=True):
-        for src, dst in zip(layer, slots, strict=True):
-            dst[..., :length, :].copy_(src)
+    buffers = buffers_holding(kv, total + reserve)
     logits = forward_into(model, buffers, length, tokens, capacity=total + reserve, chunk=chunk)
     return filled(buffers, total), logits
 

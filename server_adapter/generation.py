@@ -19,7 +19,7 @@ import torch
 from leyline.protocol.errors import ErrorCode, LeylineError
 
 from .buffer_views import has_room, resized
-from .forward import KVBuffers, filled, new_buffers
+from .forward import KVBuffers, buffers_holding, filled
 from .reports import TokenChoice
 from .sampling import FinishReason, SamplingParams, choose_token, find_stop, token_logprobs
 from .session_state import SessionState
@@ -89,10 +89,7 @@ class Decoder:
         if room:
             self.buffers = [[resized(t, need) for t in layer] for layer in state.kv]
         else:
-            self.buffers = new_buffers(state.kv, need)
-            for layer, slots in zip(state.kv, self.buffers, strict=True):
-                for src, dst in zip(layer, slots, strict=True):
-                    dst[..., :n0, :].copy_(src)
+            self.buffers = buffers_holding(state.kv, need)
         self.generator = params.generator()
         self.logits: torch.Tensor = state.logits
         self.length = n0

@@ -13,7 +13,7 @@ import torch
 
 from leyline.server_adapter.batched_decode import Row, decode_mode, forward_rows
 from leyline.server_adapter.engine import Engine
-from leyline.server_adapter.forward import new_buffers, prefill_at
+from leyline.server_adapter.forward import buffers_holding, prefill_at
 
 from ._helpers import random_tokens, rel_err
 
@@ -25,11 +25,7 @@ def _rows(engine: Engine, lengths: tuple[int, ...]) -> tuple[list[Row], list[lis
     for i, n in enumerate(lengths):
         seq = random_tokens(n + 1, engine.vocab_size, seed=10 + i)
         kv, _ = engine.forward((), seq[:n])
-        buffers = new_buffers(kv, n + 1)
-        for layer, slots in zip(kv, buffers, strict=True):
-            for src, dst in zip(layer, slots, strict=True):
-                dst[..., :n, :].copy_(src)
-        rows.append(Row(buffers, n, seq[n]))
+        rows.append(Row(buffers_holding(kv, n + 1), n, seq[n]))
         seqs.append(seq)
     return rows, seqs
 

@@ -14,7 +14,7 @@ from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 from leyline.server_adapter.batched_decode import Row
 from leyline.server_adapter.engine import Engine
-from leyline.server_adapter.forward import new_buffers
+from leyline.server_adapter.forward import buffers_holding
 from leyline.server_adapter.lean_layers import (
     SWITCH,
     drop_lean_layers,
@@ -81,11 +81,7 @@ def _batched_step(engine: Engine) -> list[torch.Tensor]:
     for n, seed in ((37, 4), (90, 5)):
         seq = random_tokens(n + 1, engine.vocab_size, seed=seed)
         kv, _ = engine.forward((), seq[:n])
-        buffers = new_buffers(kv, n + 1)
-        for layer, slots in zip(kv, buffers, strict=True):
-            for src, dst in zip(layer, slots, strict=True):
-                dst[..., :n, :].copy_(src)
-        rows.append(Row(buffers, n, seq[n]))
+        rows.append(Row(buffers_holding(kv, n + 1), n, seq[n]))
     logits = engine.forward_rows(rows)
     entries = [t[..., r.length, :].clone() for r in rows for layer in r.buffers for t in layer]
     return [logits, *entries]
