@@ -119,13 +119,16 @@ class PackReport:
     """Packed layers whose few-row products run on ``linear_kernel``."""
     kernel: str = ""
     """The kernel's library, or why it is not used."""
+    tiles: int = 0
+    """Of those, layers whose products run on the CPU's tile unit (AMX)."""
 
     def describe(self) -> str:
         """One line for logs and benchmark headers."""
         if not self.packed:
             return f"linear layers unpacked ({self.reason})"
         few = f", {self.direct} with few-row products on linear_kernel" if self.direct else ""
-        return f"{self.packed} linear layers on oneDNN-packed weights{few}"
+        tiles = f" ({self.tiles} on the tile unit)" if self.tiles else ""
+        return f"{self.packed} linear layers on oneDNN-packed weights{few}{tiles}"
 
 
 def packing_refusal(model: nn.Module) -> str:
@@ -165,6 +168,6 @@ def pack_linear_layers(model: nn.Module, rows_hint: int = ROWS_HINT) -> PackRepo
         setattr(parent, name, PackedLinear(child, rows_hint, kernel))
     layers = [m for m in model.modules() if isinstance(m, PackedLinear)]  # earlier calls too
     direct = sum(m.direct is not None for m in layers)
-    return PackReport(
-        len(layers), "" if layers else "no nn.Linear layers", direct, linear_kernel.status().detail
-    )
+    tiles = sum(m.direct is not None and m.direct.amx_rows > 0 for m in layers)
+    reason = "" if layers else "no nn.Linear layers"
+    return PackReport(len(layers), reason, direct, linear_kernel.status().detail, tiles)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from leyline.server_adapter import linear_kernel
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.packed_linear import (
     SWITCH,
@@ -130,6 +131,28 @@ def test_the_report_describes_itself_in_one_line() -> None:
         "linear layers unpacked (LEYLINE_PACKED_LINEAR=0)"
     )
     assert PackReport(211, "").describe() == "211 linear layers on oneDNN-packed weights"
+    assert PackReport(211, "", 200, "lib.so", 30).describe() == (
+        "211 linear layers on oneDNN-packed weights, 200 with few-row products on linear_kernel"
+        " (30 on the tile unit)"
+    )
     assert PackReport(211, "", 200, "lib.so").describe() == (
         "211 linear layers on oneDNN-packed weights, 200 with few-row products on linear_kernel"
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_report_counts_the_layers_on_the_tile_unit(dtype: torch.dtype) -> None:
+    """bf16 layers on oneDNN's AMX packing run on the tiles where the kernel has them;
+    fp32 layers never do."""
+    kernel = linear_kernel.load()
+    loaded = tiny_llama(seed=6)
+    loaded.model.to(dtype)
+    report = Engine(loaded).packing
+    layers = [m for m in loaded.model.modules() if isinstance(m, PackedLinear)]
+    on_tiles = [m for m in layers if m.direct is not None and m.direct.amx_rows]
+    assert report.tiles == len(on_tiles)
+    if dtype == torch.float32 or kernel is None or not kernel.amx:
+        assert report.tiles == 0
+    else:  # every bf16 layer bound to the kernel reads the AMX packing here
+        assert report.tiles == report.direct > 0
+        assert all(m.kernel_rows == linear_kernel.AMX_ROWS for m in on_tiles)
