@@ -212,11 +212,13 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"leyline serve: {exc}", file=sys.stderr)
         return 2
+    engine = app.state.engine
+    lean = f"; {engine.lean_layers} decoder layers on the lean forward" * bool(engine.lean_layers)
     print(
-        f"leyline: {app.state.engine.loaded.label} ready in {time.perf_counter() - t0:.1f}s; "
+        f"leyline: {engine.loaded.label} ready in {time.perf_counter() - t0:.1f}s; "
         f"serving on http://{settings.host}:{settings.port} (docs at /docs)"
         f"{'' if retained else '; freed memory released to the OS'}; "
-        f"{app.state.engine.packing.describe()}",
+        f"{engine.packing.describe()}{lean}",
         file=sys.stderr,
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
