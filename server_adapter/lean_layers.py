@@ -14,9 +14,10 @@ the cache layer's ``update``, the attention function ``config._attn_implementati
 names (the engine's ``leyline_sdpa``, with every keyword the forward was given), the
 linear layers as modules (hooks still fire). A forward asked for attention weights
 (``output_attentions``: transformers records them from the attention module's call) runs
-transformers' own. Results are bitwise those of transformers'
-forward (``tests/server_adapter/test_lean_layers.py``, both dtypes), about 3-5 ms faster
-per forward here (``evals/bench_lean_layers.py``).
+transformers' own, as does any forward inside :func:`transformers_layers`. Results are
+bitwise those of transformers' forward (``tests/server_adapter/test_lean_layers.py``, both
+dtypes), 1.00-1.12x faster per operation here, up to about 6 ms per forward
+(``evals/bench_lean_layers.py``).
 
 :func:`use_lean_layers` installs it only where every layer is exactly transformers'
 ``LlamaDecoderLayer`` with its own attention, SiLU-gated MLP and RMSNorm classes; other
