@@ -281,3 +281,21 @@ def test_non_finite_inputs_give_what_the_exact_product_gives(
     finite = exact.isfinite()
     scale = exact[finite].abs().max()
     assert bool((got[finite] - exact[finite]).abs().max() <= 2**-7 * scale)
+
+
+def test_the_compiler_probe_tells_known_flags_from_unknown_ones() -> None:
+    """``compiler_accepts`` gates the AMX flags: a flag the compiler rejects is refused (so
+    the kernel builds without it), one it knows is accepted."""
+    if kernel_build.compiler() is None:
+        assert not kernel_build.compiler_accepts("-O2")
+        return
+    assert kernel_build.compiler_accepts("-O2")
+    assert not kernel_build.compiler_accepts("-mleyline-no-such-extension")
+
+
+def test_the_kernel_is_built_with_the_tile_unit_where_the_cpu_has_it() -> None:
+    """The AMX flags are in the build exactly where the CPU lists AMX-BF16 (on AVX-512) and
+    the compiler takes them."""
+    flags = linear_kernel._flags(True)
+    amx = AVX512 and AMX_BF16 and kernel_build.compiler_accepts("-mamx-tile", "-mamx-bf16")
+    assert ("-mamx-bf16" in flags) == amx and ("-mamx-tile" in flags) == amx
