@@ -348,33 +348,13 @@ def test_the_sdk_composes_a_registered_skill_in_a_chat(server: Server, anchored:
     (``anchored``: compiled after the rendered context), ``LeylineOpenAI`` sends a compose
     for it in a chat request (with the tail splice the turn needs in the same batch), and
     the block's KV is copied, not prefilled."""
-    import openai
-
-    from leyline.policies import LeylineOpenAI
-    from leyline.policies.skills import SkillLibrary
-    from leyline.protocol.client import LeylineClient
-
     from .conftest import API_KEY
+    from .sdk_compose import chat_with_a_skill
 
-    library = SkillLibrary(LeylineClient(server.base_url, api_key=API_KEY), anchored=anchored)
-    entry = library.register("rules-sdk", RULES, role="user")
-    assert (entry.info.anchor_tokens > 0) is anchored
-    base = openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY)
-    client = LeylineOpenAI(base, session=f"sdk-{uuid.uuid4().hex[:8]}", skills=library)
-    messages: list[Any] = [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "Hi."},
-    ]
-    first = client.chat.completions.create(
-        model="m", messages=messages, max_tokens=3, temperature=0
+    entry, record = chat_with_a_skill(
+        server.base_url, API_KEY, "m", RULES, skill_id="rules-sdk", anchored=anchored
     )
-    messages += [
-        {"role": "assistant", "content": first.choices[0].message.content},
-        library.message("rules-sdk"),
-        {"role": "user", "content": "What is 2+2?"},
-    ]
-    client.chat.completions.create(model="m", messages=messages, max_tokens=3, temperature=0)
-    record = client.records[-1]
+    assert (entry.info.anchor_tokens > 0) is anchored
     assert record.composed == (entry.skill,) and record.resync is None, record
     assert record.path == "splice"
     assert (record.rotated_tokens or 0) >= entry.info.num_tokens - 4  # the block was copied

@@ -207,37 +207,16 @@ def test_the_sdk_composes_a_registered_skill_in_a_chat(server: httpx.Client) -> 
     ``LeylineOpenAI`` sends a compose for it in a chat turn; the block's KV is copied."""
     import os
 
-    import openai
-
-    from leyline.policies import LeylineOpenAI
-    from leyline.policies.skills import SkillLibrary
-    from leyline.protocol.client import LeylineClient
+    from ..server.sdk_compose import chat_with_a_skill
 
     url = os.environ["LEYLINE_SGLANG_URL"]
     assert server.get(Routes.capabilities).json()["skill_anchors"] is True
     for anchored in (False, True):
-        library = SkillLibrary(LeylineClient(url), anchored=anchored)
         skill_id = f"rules-sdk-{uuid.uuid4().hex[:6]}"
-        entry = library.register(skill_id, RULES, role="user")
+        entry, record = chat_with_a_skill(
+            url, None, "default", RULES, skill_id=skill_id, anchored=anchored
+        )
         assert (entry.info.anchor_tokens > 0) is anchored
-        base = openai.OpenAI(base_url=url + "/v1", api_key="none")
-        client = LeylineOpenAI(base, session=f"sdk-{uuid.uuid4().hex[:8]}", skills=library)
-        messages: list[Any] = [
-            {"role": "system", "content": "You are terse."},
-            {"role": "user", "content": "Hi."},
-        ]
-        first = client.chat.completions.create(
-            model="default", messages=messages, max_tokens=3, temperature=0
-        )
-        messages += [
-            {"role": "assistant", "content": first.choices[0].message.content},
-            library.message(skill_id),
-            {"role": "user", "content": "What is 2+2?"},
-        ]
-        client.chat.completions.create(
-            model="default", messages=messages, max_tokens=3, temperature=0
-        )
-        record = client.records[-1]
         assert record.composed == (entry.skill,) and record.resync is None, record
         assert record.path == "splice"
         assert (record.rotated_tokens or 0) >= entry.info.num_tokens - 4  # copied, rotated
