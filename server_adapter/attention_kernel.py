@@ -63,12 +63,17 @@ _MIN_RUN_WORK_PER_THREAD = 1 << 20
 _ENV_SWITCH = "LEYLINE_ATTENTION_KERNEL"
 
 _SOURCE = r"""
+#define _GNU_SOURCE
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#ifdef __AMX_BF16__
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -495,54 +500,174 @@ LL_INLINE __m512 ll_exp16(__m512 x) { /* ll_exp on 16 lanes */
     return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
 }
 
-/* Scores of 16 rows (lanes) against TN keys: s[t][rows] for keys t0 .. t0 + TN. */
-#define LL_QK(TN)                                                                          \
+/* Scores of RB blocks of 16 rows (lanes) against TN keys: s[t][rows] for keys t0 .. t0 + TN,
+   rows qb .. qb + 16 RB. Each key entry is broadcast once for all RB blocks, so a step is
+   RB + TN loads for RB * TN multiply-adds. */
+#define LL_QK(RB, TN)                                                                      \
     do {                                                                                   \
-        __m512 c[TN];                                                                      \
-        for (int u = 0; u < TN; u++) c[u] = _mm512_setzero_ps();                           \
+        __m512 c[RB][TN];                                                                  \
+        for (int b = 0; b < RB; b++)                                                       \
+            for (int u = 0; u < TN; u++) c[b][u] = _mm512_setzero_ps();                    \
         for (int64_t j = 0; j < d; j++) {                                                  \
-            __m512 qa = _mm512_loadu_ps(qt + j * rp + rb);                                 \
-            for (int u = 0; u < TN; u++)                                                   \
-                c[u] = _mm512_fmadd_ps(_mm512_set1_ps(kr[(t0 + u) * ks + j]), qa, c[u]);    \
-        }                                                                                  \
-        for (int u = 0; u < TN; u++) _mm512_storeu_ps(sc + (t0 + u) * rp + rb, c[u]);      \
-    } while (0)
-
-/* Columns [j, j + 16 * W) of two rows' weighted values over cn keys, weights ps apart. */
-#define LL_PV2(W)                                                                          \
-    do {                                                                                   \
-        __m512 x[W], y[W];                                                                 \
-        for (int u = 0; u < W; u++) {                                                      \
-            x[u] = _mm512_loadu_ps(a0 + j + 16 * u);                                       \
-            y[u] = _mm512_loadu_ps(a1 + j + 16 * u);                                       \
-        }                                                                                  \
-        for (int64_t t = 0; t < cn; t++) {                                                 \
-            __m512 w0 = _mm512_set1_ps(p0[t * ps]), w1 = _mm512_set1_ps(p1[t * ps]);       \
-            const float *r = vr + t * vs + j;                                              \
-            for (int u = 0; u < W; u++) {                                                  \
-                __m512 vv = _mm512_loadu_ps(r + 16 * u);                                   \
-                x[u] = _mm512_fmadd_ps(w0, vv, x[u]);                                      \
-                y[u] = _mm512_fmadd_ps(w1, vv, y[u]);                                      \
+            __m512 qa[RB];                                                                 \
+            for (int b = 0; b < RB; b++) qa[b] = _mm512_loadu_ps(qt + j * rp + qb + 16 * b); \
+            for (int u = 0; u < TN; u++) {                                                 \
+                __m512 kb = _mm512_set1_ps(kr[(t0 + u) * ks + j]);                         \
+                for (int b = 0; b < RB; b++) c[b][u] = _mm512_fmadd_ps(kb, qa[b], c[b][u]);  \
             }                                                                              \
         }                                                                                  \
-        for (int u = 0; u < W; u++) {                                                      \
-            _mm512_storeu_ps(a0 + j + 16 * u, x[u]);                                       \
-            _mm512_storeu_ps(a1 + j + 16 * u, y[u]);                                       \
-        }                                                                                  \
+        for (int b = 0; b < RB; b++)                                                       \
+            for (int u = 0; u < TN; u++)                                                   \
+                _mm512_storeu_ps(sc + (t0 + u) * rp + qb + 16 * b, c[b][u]);                \
     } while (0)
 
-LL_INLINE void ll_pv2(const float *p0, const float *p1, int64_t ps, const float *vr,
-                      int64_t vs, int64_t cn, int64_t dv, float *a0, float *a1) {
-    int64_t j = 0;
-    for (; j + 64 <= dv; j += 64) LL_PV2(4);
-    for (; j < dv; j += 16) LL_PV2(1);
+/* Every row's scores against the chunk's cn keys, up to 4 blocks of 16 rows at a time. */
+LL_INLINE void ll_qk(const float *qt, int64_t rp, int64_t d, const float *kr, int64_t ks,
+                     int64_t cn, float *sc) {
+    for (int64_t qb = 0; qb < rp; qb += 64) {
+        int64_t blocks = (rp - qb) / 16, t0 = 0;
+        switch (blocks) {
+        case 1: for (; t0 + 8 <= cn; t0 += 8) LL_QK(1, 8); for (; t0 < cn; t0++) LL_QK(1, 1); break;
+        case 2: for (; t0 + 8 <= cn; t0 += 8) LL_QK(2, 8); for (; t0 < cn; t0++) LL_QK(2, 1); break;
+        case 3: for (; t0 + 8 <= cn; t0 += 8) LL_QK(3, 8); for (; t0 < cn; t0++) LL_QK(3, 1); break;
+        default: for (; t0 + 6 <= cn; t0 += 6) LL_QK(4, 6); for (; t0 < cn; t0++) LL_QK(4, 1);
+        }
+    }
 }
 
-/* Floats of scratch ll_run_task512 needs for `rows` rows. */
+/* Columns [j, j + 16 * W) of R rows' weighted values over cn keys, weights ps apart: each
+   value row's load serves all R rows. */
+#define LL_PV(R, W)                                                                        \
+    do {                                                                                   \
+        __m512 x[R][W];                                                                    \
+        for (int i = 0; i < R; i++)                                                        \
+            for (int u = 0; u < W; u++) x[i][u] = _mm512_loadu_ps(a[i] + j + 16 * u);      \
+        for (int64_t t = 0; t < cn; t++) {                                                 \
+            const float *r = vr + t * vs + j;                                              \
+            __m512 vv[W];                                                                  \
+            for (int u = 0; u < W; u++) vv[u] = _mm512_loadu_ps(r + 16 * u);               \
+            for (int i = 0; i < R; i++) {                                                  \
+                __m512 w = _mm512_set1_ps(p[i][t * ps]);                                   \
+                for (int u = 0; u < W; u++) x[i][u] = _mm512_fmadd_ps(w, vv[u], x[i][u]);  \
+            }                                                                              \
+        }                                                                                  \
+        for (int i = 0; i < R; i++)                                                        \
+            for (int u = 0; u < W; u++) _mm512_storeu_ps(a[i] + j + 16 * u, x[i][u]);      \
+    } while (0)
+
+/* Rows p[0 .. R) (R = 4; unused rows point at zero weights and junk accumulators). */
+LL_INLINE void ll_pv4(const float *const p[4], int64_t ps, const float *vr, int64_t vs,
+                      int64_t cn, int64_t dv, float *const a[4]) {
+    int64_t j = 0;
+    for (; j + 64 <= dv; j += 64) LL_PV(4, 4);
+    for (; j < dv; j += 16) LL_PV(4, 1);
+}
+
+/* Floats of scratch ll_run_task512 needs for `rows` rows (the tile unit's operands too). */
 static inline int64_t ll_run512_scratch(int64_t rows, int64_t d, int64_t dv) {
     int64_t rp = (rows + 15) / 16 * 16;
-    return d * rp + LL_RCHUNK * rp + LL_RCHUNK * (d + dv) + 4 * rp;
+    return d * rp + LL_RCHUNK * rp + LL_RCHUNK * (d + dv) + 4 * rp + rp * d / 2 + 8 * d + 16;
 }
+
+#ifdef __AMX_BF16__
+/* bf16 scores on the tile unit (AMX). A chunk's keys are the A tiles as they lie in the
+   cache (16 keys x 32 dims, one row per key), the rows' queries transposed into B tiles
+   (16 dim pairs x 16 rows x 2), so each C tile holds 16 keys' scores for 16 rows: the
+   s[t][rows] layout the softmax below reads. Sums are fp32 as on the vector path; only
+   their order differs. */
+static int ll_amx;
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} ll_tilecfg;
+
+/* 1 when this process may use the tile unit (Linux grants it on request, per process). */
+int32_t leyline_attention_amx_ready(void) {
+    ll_amx = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return ll_amx;
+}
+
+static void ll_tiles_on(void) {
+    ll_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* The B tiles of q [rows][d] (fp32 holding bf16 values, rows past `rows` zero): tile (b, h)
+   at qv + (b * d / 32 + h) * 512 holds rows 16b .. 16b + 16, dims 32h .. 32h + 32. Returns 0
+   when some entry is not a bf16 value (the caller then keeps the fp32 path). */
+static int ll_qv_tiles(const float *q, int64_t rows, int64_t rp, int64_t d, uint16_t *qv) {
+    for (int64_t b = 0; b < rp / 16; b++)
+        for (int64_t h = 0; h < d / 32; h++) {
+            uint16_t *tile = qv + (b * (d / 32) + h) * 512;
+            for (int r = 0; r < 16; r++)
+                for (int c = 0; c < 16; c++)
+                    for (int e = 0; e < 2; e++) {
+                        int64_t row = b * 16 + c;
+                        uint32_t u = 0;
+                        if (row < rows) memcpy(&u, q + row * d + 32 * h + 2 * r + e, 4);
+                        if (u & 0xffffu) return 0;
+                        tile[r * 32 + c * 2 + e] = (uint16_t)(u >> 16);
+                    }
+        }
+    return 1;
+}
+
+/* Unscaled scores s[t][rows] of cn keys (bf16, tok apart) against every row, in C tiles of
+   16 keys by up to 4 x 16 rows; a last partial group of keys is read from `tail` (16 rows of
+   d, zero past the chunk) so that no read goes past the chunk's keys. */
+static void ll_qk_tiles(const uint16_t *qv, int64_t rp, int64_t d, const uint16_t *k,
+                        int64_t tok, int64_t cn, uint16_t *tail, float *sc) {
+    const int64_t dh = d / 32, blocks = rp / 16, cs = rp * 4;
+    for (int64_t t0 = 0; t0 < cn; t0 += 16) {
+        const uint16_t *kt = k + t0 * tok;
+        int64_t ks = tok * 2;
+        if (cn - t0 < 16) {
+            memset(tail, 0, (size_t)(16 * d) * 2);
+            for (int64_t t = 0; t < cn - t0; t++) memcpy(tail + t * d, kt + t * tok, (size_t)d * 2);
+            kt = tail;
+            ks = d * 2;
+        }
+        for (int64_t b0 = 0; b0 < blocks; b0 += 4) {
+            const int64_t nb = blocks - b0 < 4 ? blocks - b0 : 4;
+            _tile_zero(0);
+            if (nb > 1) _tile_zero(1);
+            if (nb > 2) _tile_zero(2);
+            if (nb > 3) _tile_zero(3);
+            for (int64_t h = 0; h < dh; h++) {
+                const uint16_t *qb = qv + (b0 * dh + h) * 512;
+                _tile_loadd(4, kt + 32 * h, ks);
+                _tile_loadd(5, qb, 64);
+                _tile_dpbf16ps(0, 4, 5);
+                if (nb > 1) {
+                    _tile_loadd(6, qb + dh * 512, 64);
+                    _tile_dpbf16ps(1, 4, 6);
+                }
+                if (nb > 2) {
+                    _tile_loadd(7, qb + 2 * dh * 512, 64);
+                    _tile_dpbf16ps(2, 4, 7);
+                }
+                if (nb > 3) {
+                    _tile_loadd(5, qb + 3 * dh * 512, 64);
+                    _tile_dpbf16ps(3, 4, 5);
+                }
+            }
+            float *o = sc + t0 * rp + b0 * 16;
+            _tile_stored(0, o, cs);
+            if (nb > 1) _tile_stored(1, o + 16, cs);
+            if (nb > 2) _tile_stored(2, o + 32, cs);
+            if (nb > 3) _tile_stored(3, o + 48, cs);
+        }
+    }
+}
+#endif
 
 static void ll_run_task512(const float *q, int64_t rows, int64_t m, const int64_t *lim,
                            int64_t d, int64_t dv, float scale, const char *k, int64_t k_tok,
@@ -561,20 +686,33 @@ static void ll_run_task512(const float *q, int64_t rows, int64_t m, const int64_
         mv[r] = -INFINITY;
         lv[r] = 0.0f;
     }
+    int tiles = 0; /* scores on the tile unit, scaled in the softmax's first pass */
+#ifdef __AMX_BF16__
+    uint16_t *qv = (uint16_t *)(lr + rp), *tail = qv + rp * d;
+    tiles = ll_amx && bf16 && d % 32 == 0 && ll_qv_tiles(q, rows, rp, d, qv);
+    if (tiles) ll_tiles_on();
+#endif
+    const __m512 post = _mm512_set1_ps(tiles ? scale : 1.0f);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     for (int64_t c0 = lo; c0 < hi && c0 < top; c0 += LL_RCHUNK) {
         int64_t cn = hi - c0 < LL_RCHUNK ? hi - c0 : LL_RCHUNK, ks, vs;
-        const float *kr = ll_rows(k, bf16, k_tok, d, c0, cn, kw, &ks);
         const float *vr = ll_rows(v, bf16, v_tok, dv, c0, cn, vw, &vs);
+#ifdef __AMX_BF16__
+        if (tiles)
+            ll_qk_tiles(qv, rp, d, (const uint16_t *)k + c0 * k_tok, k_tok, cn, tail, sc);
+        else
+#endif
+        {
+            const float *kr = ll_rows(k, bf16, k_tok, d, c0, cn, kw, &ks);
+            ll_qk(qt, rp, d, kr, ks, cn, sc);
+        }
         for (int64_t rb = 0; rb < rp; rb += 16) {
-            int64_t t0 = 0;
-            for (; t0 + 4 <= cn; t0 += 4) LL_QK(4);
-            for (; t0 < cn; t0++) LL_QK(1);
             __m512i limv = _mm512_loadu_si512((const void *)(lr + rb));
             __m512 cm = ninf;
             for (int64_t t = 0; t < cn; t++) {
                 __mmask16 ok = _mm512_cmpgt_epi32_mask(limv, _mm512_set1_epi32((int32_t)(c0 + t)));
-                __m512 x = _mm512_mask_blend_ps(ok, ninf, _mm512_loadu_ps(sc + t * rp + rb));
+                __m512 x = _mm512_mask_blend_ps(
+                    ok, ninf, _mm512_mul_ps(_mm512_loadu_ps(sc + t * rp + rb), post));
                 _mm512_storeu_ps(sc + t * rp + rb, x);
                 cm = _mm512_max_ps(cm, x);
             }
@@ -593,21 +731,27 @@ static void ll_run_task512(const float *q, int64_t rows, int64_t m, const int64_
             _mm512_storeu_ps(lv + rb, sum);
             _mm512_storeu_ps(fac + rb, f);
         }
-        for (int64_t r = 0; r < rows; r += 2) {
-            int64_t r1 = r + 1, most = 0;
-            for (int64_t x = r; x <= r1 && x < rows; x++) {
-                int64_t seen = lr[x] - c0;
+        for (int64_t r = 0; r < rows; r += 4) { /* rows past `rows` (up to rp) weigh 0 */
+            int64_t most = 0;
+            const float *p[4];
+            float *a[4];
+            for (int64_t x = r; x < r + 4; x++) {
+                int64_t seen = x < rows ? lr[x] - c0 : 0;
                 most = seen > most ? seen : most;
+                p[x - r] = sc + x;
+                a[x - r] = x < rows ? acc + x * dv : junk;
             }
             if (most <= 0) continue;
             if (most > cn) most = cn;
-            float *a0 = acc + r * dv, *a1 = r1 < rows ? acc + r1 * dv : junk;
-            for (int64_t x = r; x <= r1 && x < rows; x++) /* rescale to the new max */
+            for (int64_t x = r; x < r + 4 && x < rows; x++) /* rescale to the new max */
                 if (fac[x] != 1.0f)
                     for (int64_t j = 0; j < dv; j++) acc[x * dv + j] *= fac[x];
-            ll_pv2(sc + r, sc + r1, rp, vr, vs, most, dv, a0, a1);
+            ll_pv4(p, rp, vr, vs, most, dv, a);
         }
     }
+#ifdef __AMX_BF16__
+    if (tiles) _tile_release();
+#endif
     for (int64_t r = 0; r < rows; r++) {
         mx[r] = mv[r];
         l[r] = lv[r];
@@ -626,6 +770,10 @@ static float *ll_scratch(int64_t floats) {
     }
     return ll_tls;
 }
+#endif
+
+#if !(defined(__AMX_BF16__) && defined(LL_RUN512))
+int32_t leyline_attention_amx_ready(void) { return 0; }
 #endif
 
 /* Whether query runs take the vectorised path above (where the widths allow it). */
@@ -870,6 +1018,9 @@ class AttentionKernel:
         runs.argtypes += [ptr, ptr, ptr, ctypes.c_int32, ptr, ctypes.c_int32]
         runs.restype = ctypes.c_int32
         self._runs = runs
+        self.amx = bool(lib.leyline_attention_amx_ready())
+        """bf16 query runs score their keys on the CPU's tile unit (built with AMX, and the
+        OS lets this process use it)."""
         self.runs_vectorised = bool(lib.leyline_query_runs_vectorised())
         """Query runs of widths that are multiples of 16 (up to 128) run on AVX-512 code:
         1.4-2.1x torch's flash kernel for 16 queries on an AVX-512 CPU without AMX.
@@ -1025,7 +1176,7 @@ def _flags(openmp: bool) -> list[str]:
     flags = [*kernel_build.base_flags(openmp), "-ffp-contract=fast"]
     if "-mavx512f" in flags:
         flags.append("-mprefer-vector-width=512")
-    return flags
+    return flags + kernel_build.amx_flags(flags)  # query runs' bf16 scores on the tile unit
 
 
 _kernel = kernel_build.LazyKernel(

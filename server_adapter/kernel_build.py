@@ -108,6 +108,18 @@ def base_flags(openmp: bool) -> list[str]:
     return flags
 
 
+AMX_FLAGS = ("-mamx-tile", "-mamx-bf16")
+"""The compiler flags for bf16 products on the CPU's tile unit (AMX)."""
+
+
+def amx_flags(flags: list[str]) -> list[str]:
+    """:data:`AMX_FLAGS` where a kernel built with ``flags`` may use the tile unit: an
+    AVX-512 build, a CPU with AMX-BF16 and a compiler that takes the flags; else none."""
+    if "-mavx512f" in flags and "amx_bf16" in cpu_flags() and compiler_accepts(*AMX_FLAGS):
+        return list(AMX_FLAGS)
+    return []
+
+
 def _build(cc: str, flags: list[str], source: str, name: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:

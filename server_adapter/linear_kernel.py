@@ -97,10 +97,13 @@ _SOURCE = r"""
 /* A block is 16 * J output columns (J = 4: 64, J = 2: 32); a group of R <= 16 / J rows
    keeps R * J accumulators, at most 16 vector registers. */
 #define LL_ACC 16
-#define LL_OUT (LL_ACC * 16)
 /* Bytes of a block read ahead by software prefetch: the hardware prefetcher alone leaves
    a few-row product 15-20% short of what it reaches with it (measured, bf16, 1-8 rows). */
 #define LL_AHEAD 8192
+/* Reduction entries per slice when several row groups share a block (even: bf16 pairs). */
+#ifndef LL_KSLICE
+#define LL_KSLICE 64
+#endif
 
 static inline float ll_bf16(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -158,14 +161,16 @@ static void ll_store_row(const float *out, int64_t cols, const void *bias, void 
 /* out[i][0..16J) = sum_k x[i][k] * W[k][block col] for R rows; x rows are fp32, kp apart. */
 static inline __attribute__((always_inline)) void ll_block_f32(
     const float *w, int64_t k, const float *x, int64_t kp, float *out, const int R,
-    const int J) {
+    const int J, int more, int line) {
     const int B = 16 * J;
 #ifdef __AVX512F__
     __m512 a[LL_ACC];
-    for (int i = 0; i < R * J; i++) a[i] = _mm512_setzero_ps();
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < J; j++)
+            a[i * J + j] = more ? _mm512_loadu_ps(out + i * B + 16 * j) : _mm512_setzero_ps();
     for (int64_t t = 0; t < k; t++) {
         const float *wt = w + t * B;
-        _mm_prefetch((const char *)wt + LL_AHEAD, _MM_HINT_T0);
+        _mm_prefetch((const char *)wt + LL_AHEAD + line, _MM_HINT_T0);
         __m512 wv[4];
         for (int j = 0; j < J; j++) wv[j] = _mm512_loadu_ps(wt + 16 * j);
         for (int i = 0; i < R; i++) {
@@ -176,8 +181,10 @@ static inline __attribute__((always_inline)) void ll_block_f32(
     for (int i = 0; i < R; i++)
         for (int j = 0; j < J; j++) _mm512_storeu_ps(out + i * B + 16 * j, a[i * J + j]);
 #else
+    (void)line;
     for (int i = 0; i < R; i++) {
         float acc[64] = {0};
+        if (more) memcpy(acc, out + i * B, (size_t)B * sizeof(float));
         for (int64_t t = 0; t < k; t++) {
             float xv = x[i * kp + t];
             for (int c = 0; c < B; c++) acc[c] += xv * w[t * B + c];
@@ -192,16 +199,18 @@ static inline __attribute__((always_inline)) void ll_block_f32(
    past k, so a padded odd tail adds nothing. */
 static inline __attribute__((always_inline)) void ll_block_bf16(
     const uint16_t *w, int64_t k, const float *x, int64_t kp, float *out, const int R,
-    const int J) {
+    const int J, int more, int line) {
     const int B = 16 * J;
     int64_t pairs = (k + 1) / 2;
 #ifdef __AVX512F__
     __m512 a[LL_ACC];
     const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
-    for (int i = 0; i < R * J; i++) a[i] = _mm512_setzero_ps();
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < J; j++)
+            a[i * J + j] = more ? _mm512_loadu_ps(out + i * B + 16 * j) : _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; p++) {
         const uint16_t *wp = w + p * 2 * B;
-        _mm_prefetch((const char *)wp + LL_AHEAD, _MM_HINT_T0);
+        _mm_prefetch((const char *)wp + LL_AHEAD + line, _MM_HINT_T0);
         __m512 lo[4], hi[4];
         for (int j = 0; j < J; j++) {
             __m512i v = _mm512_loadu_si512((const void *)(wp + 32 * j));
@@ -220,8 +229,10 @@ static inline __attribute__((always_inline)) void ll_block_bf16(
     for (int i = 0; i < R; i++)
         for (int j = 0; j < J; j++) _mm512_storeu_ps(out + i * B + 16 * j, a[i * J + j]);
 #else
+    (void)line;
     for (int i = 0; i < R; i++) {
         float acc[64] = {0};
+        if (more) memcpy(acc, out + i * B, (size_t)B * sizeof(float));
         for (int64_t p = 0; p < pairs; p++) {
             float x0 = x[i * kp + 2 * p], x1 = x[i * kp + 2 * p + 1];
             const uint16_t *wp = w + p * 2 * B;
@@ -239,14 +250,16 @@ static inline __attribute__((always_inline)) void ll_block_bf16(
    xb holds the rows in bf16, kp apart, zero past k. */
 static inline __attribute__((always_inline)) void ll_block_dpbf16(
     const uint16_t *w, int64_t k, const uint16_t *xb, int64_t kp, float *out, const int R,
-    const int J) {
+    const int J, int more, int line) {
     const int B = 16 * J;
     int64_t pairs = (k + 1) / 2;
     __m512 a[LL_ACC];
-    for (int i = 0; i < R * J; i++) a[i] = _mm512_setzero_ps();
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < J; j++)
+            a[i * J + j] = more ? _mm512_loadu_ps(out + i * B + 16 * j) : _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; p++) {
         const uint16_t *wp = w + p * 2 * B;
-        _mm_prefetch((const char *)wp + LL_AHEAD, _MM_HINT_T0);
+        _mm_prefetch((const char *)wp + LL_AHEAD + line, _MM_HINT_T0);
         __m512bh v[4];
         for (int j = 0; j < J; j++)
             v[j] = (__m512bh)_mm512_loadu_si512((const void *)(wp + 32 * j));
@@ -276,22 +289,22 @@ static inline __attribute__((always_inline)) void ll_block_dpbf16(
     if (J == 4) { LL_ROWS4(CALL, 4) } else { LL_ROWS8(CALL, 2) }
 
 static void ll_block(int bf16, const void *w, int64_t k, const float *x, const uint16_t *xb,
-                     int64_t kp, float *out, int r, int J) {
+                     int64_t kp, float *out, int r, int J, int more, int line) {
     if (bf16) {
         const uint16_t *wb = (const uint16_t *)w;
 #ifdef __AVX512BF16__
         (void)x;
-#define LL_DOT(R, JJ) ll_block_dpbf16(wb, k, xb, kp, out, R, JJ)
+#define LL_DOT(R, JJ) ll_block_dpbf16(wb, k, xb, kp, out, R, JJ, more, line)
         LL_DISPATCH(LL_DOT)
         return;
 #else
         (void)xb;
 #endif
-#define LL_WIDE(R, JJ) ll_block_bf16(wb, k, x, kp, out, R, JJ)
+#define LL_WIDE(R, JJ) ll_block_bf16(wb, k, x, kp, out, R, JJ, more, line)
         LL_DISPATCH(LL_WIDE)
     } else {
         const float *wf = (const float *)w;
-#define LL_F32(R, JJ) ll_block_f32(wf, k, x, kp, out, R, JJ)
+#define LL_F32(R, JJ) ll_block_f32(wf, k, x, kp, out, R, JJ, more, line)
         LL_DISPATCH(LL_F32)
     }
 }
@@ -429,20 +442,45 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
             xf[i * kp + t] = bf16 ? ll_bf16(((const uint16_t *)x)[i * x_stride + t])
                                   : ((const float *)x)[i * x_stride + t];
         }
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t b = 0; b < blocks; b++) {
-        float out[LL_OUT];
-        const char *wb = (const char *)w + b * kp * block * es;
-        int64_t c0 = b * block;
-        int64_t cols = n - c0 < block ? n - c0 : block;
-        for (int64_t i0 = 0; i0 < rows; i0 += group) {
-            int r = rows - i0 < group ? (int)(rows - i0) : group;
-            ll_block(bf16, wb, k, xf + i0 * kp, xb + i0 * kp, kp, out, r, J);
-            for (int i = 0; i < r; i++)
+    /* More rows than one group: every group runs over a slice of LL_KSLICE reduction
+       entries before the next slice, so the slice's weights, read from memory once, serve
+       the other groups from L1 while the next slice streams in, and the groups split
+       the prefetching of its cache lines. The sums run in the same order either way. */
+    const int64_t slice = rows > group ? LL_KSLICE : k;
+    const int lines = block * (int)es / 64; /* cache lines per reduction entry (pair) */
+    float *outs = (float *)malloc((size_t)threads * (size_t)(rows * block) * sizeof(float));
+    if (!outs) {
+        free(xf);
+        free(xb);
+        return -1;
+    }
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int me = 0;
+#ifdef _OPENMP
+        me = omp_get_thread_num();
+#endif
+        float *out = outs + (int64_t)me * rows * block;
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            const char *wb = (const char *)w + b * kp * block * es;
+            int64_t c0 = b * block;
+            int64_t cols = n - c0 < block ? n - c0 : block;
+            for (int64_t t0 = 0; t0 < k; t0 += slice) {
+                int64_t tn = k - t0 < slice ? k - t0 : slice;
+                for (int64_t i0 = 0; i0 < rows; i0 += group) {
+                    int r = rows - i0 < group ? (int)(rows - i0) : group;
+                    int line = (int)((i0 / group) % lines) * 64;
+                    ll_block(bf16, wb + t0 * block * es, tn, xf + i0 * kp + t0,
+                             xb + i0 * kp + t0, kp, out + i0 * block, r, J, t0 > 0, line);
+                }
+            }
+            for (int64_t i = 0; i < rows; i++)
                 ll_store_row(out + i * block, cols, bias ? (const char *)bias + c0 * es : NULL,
-                             (char *)y + ((i0 + i) * y_stride + c0) * es, bf16);
+                             (char *)y + (i * y_stride + c0) * es, bf16);
         }
     }
+    free(outs);
     free(xf);
     free(xb);
     return 0;
@@ -590,14 +628,7 @@ def _flags(openmp: bool) -> list[str]:
     flags = [*kernel_build.base_flags(openmp), "-ffp-contract=fast"]
     if "-mavx512f" in flags and "avx512_bf16" in kernel_build.cpu_flags():
         flags.append("-mavx512bf16")  # bf16 products on the CPU's bf16 dot product
-    amx = ["-mamx-tile", "-mamx-bf16"]  # bf16 products on the tile unit
-    if (
-        "-mavx512f" in flags
-        and "amx_bf16" in kernel_build.cpu_flags()
-        and kernel_build.compiler_accepts(*amx)
-    ):
-        flags += amx
-    return flags
+    return flags + kernel_build.amx_flags(flags)  # bf16 products on the tile unit
 
 
 _kernel = kernel_build.LazyKernel(

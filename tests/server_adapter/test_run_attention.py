@@ -4,6 +4,7 @@ and the engine's two callers (``attention._by_runs``, ``segment_attention``) on 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -118,6 +119,42 @@ def test_bf16_is_the_fp64_softmax_of_its_inputs_within_fp32_sums(
     got = kernel.attend_runs([(q, k, v, causal)], dim**-0.5).double()
     want = _reference([(q, k, v, causal)], dim**-0.5)
     assert ((got - want).abs() <= 1e-4 * want.abs() + 2e-5).all()
+
+
+@pytest.mark.parametrize(("heads", "kv", "m", "dim", "n"), [(9, 3, 6, 64, 500), (16, 1, 5, 32, 70)])
+def test_bf16_segments_with_limits_are_the_fp64_softmax_within_fp32_sums(
+    kernel: AttentionKernel, heads: int, kv: int, m: int, dim: int, n: int
+) -> None:
+    """Several bf16 segments with their own queries and limits (on the tile unit where the
+    kernel has it: keys in groups of 16 with a partial last group, 80 rows = five tiles of
+    rows for the second shape), against fp64."""
+    a = _segment(heads, kv, m, dim, dim, n, torch.bfloat16, 4)
+    b = _segment(heads, kv, m, dim, dim, 37, torch.bfloat16, 5)
+    c = _segment(heads, kv, m, dim, dim, m, torch.bfloat16, 6)
+    segments: list[Segment] = [
+        (*a, [n] * m),
+        (*b, [0, 37, 5, 0, 17, 1][:m]),
+        (*c, [j + 1 for j in range(m)]),
+    ]
+    got = kernel.attend_runs(segments, dim**-0.5).double()
+    want = _reference(segments, dim**-0.5)
+    assert ((got - want).abs() <= 1e-4 * want.abs() + 2e-5).all()
+
+
+def test_bf16_runs_score_on_the_tile_unit_where_the_cpu_has_it(kernel: AttentionKernel) -> None:
+    """Built with the AMX flags exactly where the CPU and compiler have them; where built so
+    on Linux, the process is granted the tile state and the kernel says it uses it."""
+    flags = attention_kernel._flags(True)
+    amx = (
+        "-mavx512f" in flags
+        and "amx_bf16" in kernel_build.cpu_flags()
+        and kernel_build.compiler_accepts(*kernel_build.AMX_FLAGS)
+    )
+    assert ("-mamx-bf16" in flags) == amx
+    if amx and sys.platform == "linux":
+        assert kernel.amx
+    if not amx:
+        assert not kernel.amx
 
 
 def test_the_portable_build_agrees(kernel: AttentionKernel) -> None:
