@@ -81,6 +81,14 @@ _SOURCE = r"""
 #else
 #define LL_AVX2 0
 #endif
+/* bf16 products on the tile unit (AMX): query runs' scores, and a lone query's scores and
+   weighted values. */
+#if defined(__AMX_BF16__) && defined(__AVX512F__) && LL_AVX2
+#define LL_TILES 1
+static int ll_amx; /* the OS granted this process the tile state */
+#else
+#define LL_TILES 0
+#endif
 
 #define LL_MAX_DIM 512
 #define LL_MAX_GROUP 16
@@ -334,9 +342,21 @@ static void ll_fold(ll_stats *st, float (*s)[LL_CHUNK], int64_t group, int64_t c
 
 /* Keys [lo, hi) of one key/value head for its `group` query heads: the segment's max,
    sum and unnormalised weighted values (acc, [group][dv]), a chunk of keys at a time. */
+#if LL_TILES
+static int ll_segment_tiles(const float *q, int64_t group, int64_t d, int64_t dv, float scale,
+                            const uint16_t *k, int64_t k_tok, const uint16_t *v, int64_t v_tok,
+                            int64_t lo, int64_t hi, ll_stats *st, float *acc);
+#endif
+
 static void ll_segment(const float *q, int64_t group, int64_t d, int64_t dv, float scale,
                        const char *k, int64_t k_tok, const char *v, int64_t v_tok, int bf16,
                        int64_t lo, int64_t hi, ll_stats *st, float *acc) {
+#if LL_TILES
+    if (bf16 && ll_amx && d % 32 == 0 && dv % 16 == 0 &&
+        ll_segment_tiles(q, group, d, dv, scale, (const uint16_t *)k, k_tok,
+                         (const uint16_t *)v, v_tok, lo, hi, st, acc))
+        return;
+#endif
     float s[LL_MAX_GROUP][LL_CHUNK];
     for (int64_t i = 0; i < group; i++) {
         st->m[i] = -INFINITY;
@@ -569,13 +589,12 @@ static inline int64_t ll_run512_scratch(int64_t rows, int64_t d, int64_t dv) {
     return d * rp + LL_RCHUNK * rp + LL_RCHUNK * (d + dv) + 4 * rp + rp * d / 2 + 8 * d + 16;
 }
 
-#ifdef __AMX_BF16__
+#if LL_TILES
 /* bf16 scores on the tile unit (AMX). A chunk's keys are the A tiles as they lie in the
    cache (16 keys x 32 dims, one row per key), the rows' queries transposed into B tiles
    (16 dim pairs x 16 rows x 2), so each C tile holds 16 keys' scores for 16 rows: the
    s[t][rows] layout the softmax below reads. Sums are fp32 as on the vector path; only
    their order differs. */
-static int ll_amx;
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -583,9 +602,21 @@ typedef struct {
     uint8_t rows[16];
 } ll_tilecfg;
 
-/* 1 when this process may use the tile unit (Linux grants it on request, per process). */
+static int ll_amx_granted;
+
+/* 1 when this process may use the tile unit (Linux grants it on request, per process);
+   the kernel then uses it. */
 int32_t leyline_attention_amx_ready(void) {
-    ll_amx = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    ll_amx_granted =
+        syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    ll_amx = ll_amx_granted;
+    return ll_amx;
+}
+
+/* Whether bf16 products use the tile unit from now on (where granted): for A/B runs and
+   tests. Returns the setting in force. */
+int32_t leyline_attention_use_tiles(int32_t on) {
+    ll_amx = on && ll_amx_granted;
     return ll_amx;
 }
 
@@ -597,6 +628,8 @@ static void ll_tiles_on(void) {
         cfg.colsb[t] = 64;
         cfg.rows[t] = 16;
     }
+    /* the barrier: GCC may otherwise drop the stores into cfg, which ldtilecfg reads */
+    __asm__ volatile("" : : "r"(&cfg) : "memory");
     _tile_loadconfig(&cfg);
 }
 
@@ -687,7 +720,7 @@ static void ll_run_task512(const float *q, int64_t rows, int64_t m, const int64_
         lv[r] = 0.0f;
     }
     int tiles = 0; /* scores on the tile unit, scaled in the softmax's first pass */
-#ifdef __AMX_BF16__
+#if LL_TILES
     uint16_t *qv = (uint16_t *)(lr + rp), *tail = qv + rp * d;
     tiles = ll_amx && bf16 && d % 32 == 0 && ll_qv_tiles(q, rows, rp, d, qv);
     if (tiles) ll_tiles_on();
@@ -697,7 +730,7 @@ static void ll_run_task512(const float *q, int64_t rows, int64_t m, const int64_
     for (int64_t c0 = lo; c0 < hi && c0 < top; c0 += LL_RCHUNK) {
         int64_t cn = hi - c0 < LL_RCHUNK ? hi - c0 : LL_RCHUNK, ks, vs;
         const float *vr = ll_rows(v, bf16, v_tok, dv, c0, cn, vw, &vs);
-#ifdef __AMX_BF16__
+#if LL_TILES
         if (tiles)
             ll_qk_tiles(qv, rp, d, (const uint16_t *)k + c0 * k_tok, k_tok, cn, tail, sc);
         else
@@ -749,7 +782,7 @@ static void ll_run_task512(const float *q, int64_t rows, int64_t m, const int64_
             ll_pv4(p, rp, vr, vs, most, dv, a);
         }
     }
-#ifdef __AMX_BF16__
+#if LL_TILES
     if (tiles) _tile_release();
 #endif
     for (int64_t r = 0; r < rows; r++) {
@@ -770,10 +803,168 @@ static float *ll_scratch(int64_t floats) {
     }
     return ll_tls;
 }
+
+#if LL_TILES
+/* fp32 lanes rounded to bf16, nearest even (finite values: weights in [0, 1]). */
+LL_INLINE __m256i ll_round_bf16(__m512 x) {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16));
+}
+
+LL_INLINE __m512 ll_widen16(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* vpermt2w indices pairing two value rows' columns 0-15 (then 16-31) for a B tile row. */
+static const int16_t ll_pair_idx[2][32] = {
+    {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+     8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
+    {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+     24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63}};
+
+#define LL_PV_TILE(B)                                                                      \
+    do {                                                                                   \
+        _tile_loadd(6, vp + (B) * 512, 64);                                                \
+        _tile_dpbf16ps(B, 4, 6);                                                           \
+        _tile_dpbf16ps(B, 5, 6);                                                           \
+    } while (0)
+
+/* One query's `group` heads over keys [lo, hi) of one key/value head on the tile unit, in
+   two passes. Scores: the keys as A tiles as they lie in the cache (16 keys x 32 dims),
+   the heads' queries as one B tile per 32 dims. Weighted values: each weight split into two
+   bf16 parts (hi + lo: 16 bits of it) as A tiles of `group` rows, against value rows paired
+   for B tiles, so the sums keep fp32 grade where one bf16 weight would not. Fills st and
+   acc as ll_segment does; returns 0, touching neither, when q holds a non-bf16 value. */
+static int ll_segment_tiles(const float *q, int64_t group, int64_t d, int64_t dv, float scale,
+                            const uint16_t *k, int64_t k_tok, const uint16_t *v, int64_t v_tok,
+                            int64_t lo, int64_t hi, ll_stats *st, float *acc) {
+    const int64_t n = hi - lo, np = (n + 31) / 32 * 32, dh = d / 32;
+    /* scores [np][16] fp32; weights hi, lo [group][np] bf16; query tiles [dh][512] bf16;
+       a 16-key tail [16][d]; a 32-key value tail [32][dv]; paired values [4][512] bf16 */
+    float *sc = ll_scratch(np * 16 + group * np + dh * 256 + 8 * d + 16 * dv + 1024 + 64);
+    if (!sc) return 0;
+    uint16_t *ph = (uint16_t *)(sc + np * 16), *pl = ph + group * np;
+    uint16_t *qb = pl + group * np, *kt = qb + dh * 512, *vt = kt + 16 * d, *vp = vt + 32 * dv;
+    for (int64_t h = 0; h < dh; h++)
+        for (int r = 0; r < 16; r++)
+            for (int c = 0; c < 16; c++)
+                for (int e = 0; e < 2; e++) {
+                    uint32_t u = 0;
+                    if (c < group) memcpy(&u, q + c * d + 32 * h + 2 * r + e, 4);
+                    if (u & 0xffffu) return 0;
+                    qb[h * 512 + r * 32 + c * 2 + e] = (uint16_t)(u >> 16);
+                }
+    ll_tiles_on();
+    for (int64_t t0 = 0; t0 < n; t0 += 16) {
+        const uint16_t *kr = k + (lo + t0) * k_tok;
+        int64_t ks = k_tok * 2;
+        if (n - t0 < 16) { /* no read past the segment's keys */
+            memset(kt, 0, (size_t)(16 * d) * 2);
+            for (int64_t t = 0; t < n - t0; t++) memcpy(kt + t * d, kr + t * k_tok, (size_t)d * 2);
+            kr = kt;
+            ks = d * 2;
+        }
+        _tile_zero(0);
+        for (int64_t h = 0; h < dh; h++) {
+            _tile_loadd(4, kr + 32 * h, ks);
+            _tile_loadd(5, qb + h * 512, 64);
+            _tile_dpbf16ps(0, 4, 5);
+        }
+        _tile_stored(0, sc + t0 * 16, 64);
+    }
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(16));
+    const __m512 sv = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t g = 0; g < group; g++) {
+        __m512 mv = ninf;
+        for (int64_t t0 = 0; t0 < n; t0 += 16) {
+            __mmask16 in = n - t0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - t0)) - 1);
+            __m512 x = _mm512_mask_i32gather_ps(ninf, in, idx, sc + t0 * 16 + g, 4);
+            mv = _mm512_max_ps(mv, _mm512_mask_mul_ps(ninf, in, x, sv));
+        }
+        const float m = _mm512_reduce_max_ps(mv);
+        const __m512 mb = _mm512_set1_ps(m);
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t t0 = 0; t0 < np; t0 += 16) {
+            __mmask16 in = t0 >= n            ? (__mmask16)0
+                           : n - t0 >= 16     ? (__mmask16)0xffff
+                                              : (__mmask16)((1u << (n - t0)) - 1);
+            __m512 x = _mm512_mask_i32gather_ps(mb, in, idx, sc + t0 * 16 + g, 4);
+            __m512 w = _mm512_maskz_mov_ps(in, ll_exp16(_mm512_sub_ps(_mm512_mul_ps(x, sv), mb)));
+            sum = _mm512_add_ps(sum, w);
+            __m256i whi = ll_round_bf16(w);
+            __m256i wlo = ll_round_bf16(_mm512_sub_ps(w, ll_widen16(whi)));
+            _mm256_storeu_si256((__m256i *)(ph + g * np + t0), whi);
+            _mm256_storeu_si256((__m256i *)(pl + g * np + t0), wlo);
+        }
+        st->m[g] = m;
+        st->l[g] = _mm512_reduce_add_ps(sum);
+    }
+    ll_tilecfg cfg; /* C tiles 0-3 and the weights' A tiles 4-5: `group` rows */
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = t < 6 ? (uint8_t)group : 16;
+    }
+    /* the barrier: GCC may otherwise drop the stores into cfg, which ldtilecfg reads */
+    __asm__ volatile("" : : "r"(&cfg) : "memory");
+    _tile_loadconfig(&cfg);
+    const __m512i pair0 = _mm512_loadu_si512((const void *)ll_pair_idx[0]);
+    const __m512i pair1 = _mm512_loadu_si512((const void *)ll_pair_idx[1]);
+    for (int64_t c0 = 0; c0 < dv; c0 += 64) {
+        const int64_t nb = (dv - c0) / 16 < 4 ? (dv - c0) / 16 : 4;
+        _tile_zero(0);
+        if (nb > 1) _tile_zero(1);
+        if (nb > 2) _tile_zero(2);
+        if (nb > 3) _tile_zero(3);
+        for (int64_t t0 = 0; t0 < np; t0 += 32) {
+            const uint16_t *vr = v + (lo + t0) * v_tok;
+            int64_t vs = v_tok;
+            if (n - t0 < 32) { /* no read past the segment's values */
+                memset(vt, 0, (size_t)(32 * dv) * 2);
+                for (int64_t t = 0; t < n - t0; t++)
+                    memcpy(vt + t * dv, vr + t * v_tok, (size_t)dv * 2);
+                vr = vt;
+                vs = dv;
+            }
+            for (int p = 0; p < 16; p++) {
+                const uint16_t *r0 = vr + 2 * p * vs + c0, *r1 = r0 + vs;
+                for (int64_t b = 0; b < nb; b += 2) {
+                    __mmask32 m = nb - b == 1 ? (__mmask32)0xffff : (__mmask32)0xffffffff;
+                    __m512i a = _mm512_maskz_loadu_epi16(m, r0 + 16 * b);
+                    __m512i c = _mm512_maskz_loadu_epi16(m, r1 + 16 * b);
+                    _mm512_storeu_si512((void *)(vp + b * 512 + p * 32),
+                                        _mm512_permutex2var_epi16(a, pair0, c));
+                    if (nb - b > 1)
+                        _mm512_storeu_si512((void *)(vp + (b + 1) * 512 + p * 32),
+                                            _mm512_permutex2var_epi16(a, pair1, c));
+                }
+            }
+            _tile_loadd(4, ph + t0, np * 2);
+            _tile_loadd(5, pl + t0, np * 2);
+            LL_PV_TILE(0);
+            if (nb > 1) LL_PV_TILE(1);
+            if (nb > 2) LL_PV_TILE(2);
+            if (nb > 3) LL_PV_TILE(3);
+        }
+        _tile_stored(0, acc + c0, dv * 4);
+        if (nb > 1) _tile_stored(1, acc + c0 + 16, dv * 4);
+        if (nb > 2) _tile_stored(2, acc + c0 + 32, dv * 4);
+        if (nb > 3) _tile_stored(3, acc + c0 + 48, dv * 4);
+    }
+    _tile_release();
+    return 1;
+}
+#endif
 #endif
 
-#if !(defined(__AMX_BF16__) && defined(LL_RUN512))
+#if !LL_TILES
 int32_t leyline_attention_amx_ready(void) { return 0; }
+int32_t leyline_attention_use_tiles(int32_t on) { return 0 * on; }
 #endif
 
 /* Whether query runs take the vectorised path above (where the widths allow it). */
@@ -1019,8 +1210,11 @@ class AttentionKernel:
         runs.restype = ctypes.c_int32
         self._runs = runs
         self.amx = bool(lib.leyline_attention_amx_ready())
-        """bf16 query runs score their keys on the CPU's tile unit (built with AMX, and the
-        OS lets this process use it)."""
+        """bf16 products run on the CPU's tile unit (built with AMX, and the OS lets this
+        process use it): query runs' scores, a lone query's scores and weighted values."""
+        self._use_tiles = lib.leyline_attention_use_tiles
+        self._use_tiles.argtypes = [ctypes.c_int32]
+        self._use_tiles.restype = ctypes.c_int32
         self.runs_vectorised = bool(lib.leyline_query_runs_vectorised())
         """Query runs of widths that are multiples of 16 (up to 128) run on AVX-512 code:
         1.4-2.1x torch's flash kernel for 16 queries on an AVX-512 CPU without AMX.
@@ -1043,6 +1237,12 @@ class AttentionKernel:
         ``ValueError`` for tensors :func:`eligible` refuses."""
         out, _ = self.attend_segments([(query, key, value)], scale, with_lse=False)
         return out.to(query.dtype)
+
+    def use_tiles(self, on: bool) -> bool:
+        """Whether bf16 products use the tile unit from now on, where :attr:`amx` allows
+        (the default where it does); returns the setting in force. For A/B runs and tests:
+        both paths compute the same attention to fp32 sums."""
+        return bool(self._use_tiles(int(on)))
 
     def attend_segments(
         self,
@@ -1103,10 +1303,17 @@ class AttentionKernel:
         out4 = out.reshape(1, heads, 1, dv)
         return out4, None if lse is None else lse.reshape(1, heads, 1)
 
-    def takes_run(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    def takes_run(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        keys: int | None = None,
+    ) -> bool:
         """Whether a run of queries is worth sending here rather than to torch's flash
         kernel: :func:`run_eligible`, on the vectorised path, at least two queries, and
-        measured faster than torch's for this shape on this CPU (``run_choice``)."""
+        measured faster than torch's for this shape and number of keys on this CPU
+        (``run_choice``); ``keys``: all the run sees over its segments (default: ``key``'s)."""
         d, dv = query.shape[-1], value.shape[-1]
         return (
             self.runs_vectorised
@@ -1117,7 +1324,7 @@ class AttentionKernel:
             and d <= 128
             and dv <= 128
             and run_eligible(query, key, value)
-            and self.run_choice.kernel_wins(query, key, value)
+            and self.run_choice.kernel_wins(query, key, value, keys)
         )
 
     def attend_runs(

@@ -403,6 +403,8 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
                 cfg.colsb[t] = 64;
                 cfg.rows[t] = 16;
             }
+            /* the barrier: GCC may otherwise drop the stores into cfg, which ldtilecfg reads */
+            __asm__ volatile("" : : "r"(&cfg) : "memory");
             _tile_loadconfig(&cfg);
             int me = 0;
 #ifdef _OPENMP

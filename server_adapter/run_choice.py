@@ -6,10 +6,13 @@ AVX-512 CPU without AMX, where they beat torch's CPU flash kernel 1.3-2.1x for 1
 over 600 keys and more. On a Xeon with AMX, torch's bf16 flash kernel runs its products on
 the tile unit and the order flips (16 queries over 1,040 keys: torch 353 us against the
 kernel's 650; ``evals/bench_run_attention.py``, docs/perf.md). Neither CPU flag nor dtype
-alone says which wins, so the first run of each shape times both on random data of that
-shape (a few interleaved calls each, about 10-20 ms once per process) and every later run
-of that shape takes the faster. Both paths compute the same attention to fp32 rounding;
-only the time differs.
+alone says which wins, and the order can flip with the number of keys (bf16 on that Xeon
+after the kernel scored on the tile unit too: tied at 1k keys, the kernel 1.4x faster at
+2k), so the first run of each shape and key-count bucket (the next power of two, from
+:data:`MIN_BUCKET_KEYS` to :data:`MAX_BUCKET_KEYS`) times both on random data of that size
+(a few interleaved calls each, 10-100 ms once per process and bucket) and every later run
+of that shape and bucket takes the faster. Both paths compute the same attention to fp32
+rounding; only the time differs.
 
 ``LEYLINE_ATTENTION_RUNS`` overrides: ``kernel`` (always the kernel where it takes the run),
 ``torch`` (never), ``auto`` (the default: measured).
@@ -28,14 +31,26 @@ import torch
 SWITCH = "LEYLINE_ATTENTION_RUNS"
 RunMode = Literal["auto", "kernel", "torch"]
 MODES: tuple[RunMode, ...] = ("auto", "kernel", "torch")
-CALIBRATION_KEYS = 1024
-"""Keys the timed run sees (past ``attention_kernel.RUN_MIN_KEYS``: a replacement's
-typical prefix)."""
+MIN_BUCKET_KEYS = 512
+"""The smallest key-count bucket (``attention_kernel.RUN_MIN_KEYS``: shorter runs stay on
+torch's kernel)."""
+MAX_BUCKET_KEYS = 16384
+"""The largest: longer runs share its measurement."""
 CALIBRATION_CALLS = 7
 """Timed calls per arm, interleaved after one warm-up each (medians compared)."""
 
-ShapeKey = tuple[torch.dtype, int, int, int, int, int]
-"""dtype, query heads, kv heads, queries in the run, key width, value width."""
+ShapeKey = tuple[torch.dtype, int, int, int, int, int, int]
+"""dtype, query heads, kv heads, queries in the run, key width, value width, key-count
+bucket (:func:`key_bucket`)."""
+
+
+def key_bucket(keys: int) -> int:
+    """The keys a measurement for a run over ``keys`` keys is taken at: the next power of
+    two, within :data:`MIN_BUCKET_KEYS` .. :data:`MAX_BUCKET_KEYS`."""
+    bucket = MIN_BUCKET_KEYS
+    while bucket < keys and bucket < MAX_BUCKET_KEYS:
+        bucket *= 2
+    return bucket
 
 
 class RunsKernel(Protocol):
@@ -65,13 +80,22 @@ class RunChooser:
         self.measured: dict[ShapeKey, tuple[float, float]] = {}
         """Per shape: the kernel's and torch's median seconds."""
 
-    def kernel_wins(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    def kernel_wins(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        keys: int | None = None,
+    ) -> bool:
         """Whether a run of ``query [1, heads, m, d]`` over ``key``/``value`` should go to
-        the kernel (the caller has checked the kernel takes it)."""
+        the kernel (the caller has checked the kernel takes it); ``keys``: every key the
+        run sees, over all its segments (default: ``key``'s)."""
         if self.mode != "auto":
             return self.mode == "kernel"
+        bucket = key_bucket(key.shape[2] if keys is None else keys)
         shape: ShapeKey = (
-            key.dtype, query.shape[1], key.shape[1], query.shape[2], key.shape[3], value.shape[3]
+            key.dtype, query.shape[1], key.shape[1], query.shape[2], key.shape[3], value.shape[3],
+            bucket,
         )  # fmt: skip
         times = self.measured.get(shape)
         if times is None:
@@ -80,9 +104,8 @@ class RunChooser:
 
     def measure(self, shape: ShapeKey) -> tuple[float, float]:
         """Median seconds of the kernel's and torch's path for one run of ``shape``."""
-        dtype, heads, kv_heads, m, d, dv = shape
+        dtype, heads, kv_heads, m, d, dv, n = shape
         g = torch.Generator().manual_seed(0)
-        n = CALIBRATION_KEYS
         q = torch.randn(1, heads, m, d, generator=g).to(dtype)
         k = torch.randn(1, kv_heads, n, d, generator=g).to(dtype)
         v = torch.randn(1, kv_heads, n, dv, generator=g).to(dtype)

@@ -91,6 +91,31 @@ def test_bf16_is_the_fp64_softmax_of_its_inputs_rounded_once(
     assert ((got.double() - want).abs() <= ulp).all()
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "value_dim", "n"), SHAPES)
+def test_bf16_on_the_tile_unit_and_on_vectors_agree_within_fp32_sums(
+    kernel: AttentionKernel, heads: int, kv_heads: int, dim: int, value_dim: int, n: int
+) -> None:
+    """Where the kernel has the tile unit, a lone bf16 query (scores and weighted values on
+    tiles, weights split in two bf16 parts) and the vector path compute the same softmax:
+    both within fp32 sums of the fp64 one, log-sum-exp included."""
+    if not kernel.amx:
+        assert not kernel.use_tiles(True)  # nothing to compare on this CPU or build
+        return
+    query, keys, values = _inputs(heads, kv_heads, dim, value_dim, n, torch.bfloat16, n + 3)
+    third = max(1, n // 3)
+    segments = [(query, keys, values), (query, keys[:, :, :third], values[:, :, :third])]
+    try:
+        assert kernel.use_tiles(False) is False
+        vector, vector_lse = kernel.attend_segments(segments, None, with_lse=True)
+        assert kernel.use_tiles(True) is True
+        tiles, tiles_lse = kernel.attend_segments(segments, None, with_lse=True)
+    finally:
+        kernel.use_tiles(True)
+    assert vector_lse is not None and tiles_lse is not None
+    assert ((tiles - vector).abs() <= 1e-4 * vector.abs() + 2e-5).all()
+    assert (tiles_lse - vector_lse).abs().max() < 1e-4
+
+
 @pytest.fixture(scope="module")
 def portable_kernel() -> AttentionKernel:
     """The same source built without the x86 vector flags: the portable C path that CPUs

@@ -41,8 +41,22 @@ def test_the_faster_path_wins_and_each_shape_is_measured_once(
     assert chooser.calls == 1
     chooser.kernel_wins(*_run(torch.bfloat16))  # another dtype: another shape
     chooser.kernel_wins(*_run(m=4))  # another run length too
-    assert chooser.calls == 3
-    assert len(chooser.measured) == 3
+    chooser.kernel_wins(q, k, v, keys=3000)  # another key-count bucket
+    chooser.kernel_wins(q, k, v, keys=4096)  # the same bucket as 3000
+    assert chooser.calls == 4
+    assert len(chooser.measured) == 4
+
+
+def test_key_buckets_are_powers_of_two_within_their_bounds() -> None:
+    assert [run_choice.key_bucket(n) for n in (1, 512, 513, 1024, 1500, 9000, 10**6)] == [
+        512,
+        512,
+        1024,
+        1024,
+        2048,
+        16384,
+        16384,
+    ]
 
 
 def test_the_switch_decides_without_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,15 +79,18 @@ def test_a_real_measurement_times_both_paths_and_takes_runs_follows_it() -> None
         pytest.skip("no vectorised query runs on this CPU: torch's kernel takes every run")
     chooser = RunChooser(kernel, "auto")
     q, k, v = _run(torch.bfloat16)
-    kernel_s, torch_s = chooser.measure((torch.bfloat16, 9, 3, 16, 64, 64))
+    kernel_s, torch_s = chooser.measure((torch.bfloat16, 9, 3, 16, 64, 64, 1024))
     assert kernel_s > 0 and torch_s > 0
     was = kernel.run_choice
     try:
         kernel.run_choice = chooser
-        chooser.measured[(torch.bfloat16, 9, 3, 16, 64, 64)] = (1.0, 2.0)
+        chooser.measured[(torch.bfloat16, 9, 3, 16, 64, 64, 1024)] = (1.0, 2.0)
         assert kernel.takes_run(q, k, v)
-        chooser.measured[(torch.bfloat16, 9, 3, 16, 64, 64)] = (2.0, 1.0)
+        chooser.measured[(torch.bfloat16, 9, 3, 16, 64, 64, 1024)] = (2.0, 1.0)
         assert not kernel.takes_run(q, k, v)
+        # a run seeing 2k keys over its segments is another bucket, measured on its own
+        chooser.measured[(torch.bfloat16, 9, 3, 16, 64, 64, 2048)] = (1.0, 2.0)
+        assert kernel.takes_run(q, k, v, keys=2000)
     finally:
         kernel.run_choice = was
 
