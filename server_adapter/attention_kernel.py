@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import ctypes
 import warnings
+from array import array
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -1082,9 +1083,15 @@ int leyline_query_run_segments(int32_t s, const float *q, int64_t heads, int64_t
     size_t stats = (size_t)(tasks * rows);
     float *mx = malloc(sizeof(float) * stats * 2);
     float *acc = malloc(sizeof(float) * stats * (size_t)dv);
-    float *staged = malloc(sizeof(float) * (size_t)threads * 2 * LL_STAGE);
+    /* widened rows for the row-by-row path only: 2 x 64 KB a thread, an mmap and its page
+       faults on every call were they allocated for the vectorised path too */
+    int staging = 1;
+#ifdef LL_RUN512
+    staging = !(d % 16 == 0 && dv % 16 == 0 && d <= 128 && dv <= 128);
+#endif
+    float *staged = staging ? malloc(sizeof(float) * (size_t)threads * 2 * LL_STAGE) : NULL;
     int64_t *task_of = malloc(sizeof(int64_t) * (size_t)tasks * 3); /* segment, head, lo */
-    if (!mx || !acc || !staged || !task_of) {
+    if (!mx || !acc || (staging && !staged) || !task_of) {
         free(mx);
         free(acc);
         free(staged);
@@ -1103,7 +1110,7 @@ int leyline_query_run_segments(int32_t s, const float *q, int64_t heads, int64_t
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
 #ifdef _OPENMP
-        float *mine = staged + (size_t)omp_get_thread_num() * 2 * LL_STAGE;
+        float *mine = staged ? staged + (size_t)omp_get_thread_num() * 2 * LL_STAGE : NULL;
 #else
         float *mine = staged;
 #endif
@@ -1191,6 +1198,28 @@ def _takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: i
     )
 
 
+class _SegmentTable:
+    """The key/value segments of one call as the C functions take them, in one int64 array
+    (a ctypes array per argument cost ~20 us a call, a decode step makes 30):
+    lengths, key pointers, value pointers, then four strides per segment."""
+
+    __slots__ = ("_table", "key_ptrs", "keys", "lengths", "strides", "value_ptrs")
+
+    def __init__(self, segments: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        count = len(segments)
+        values: list[int] = [k.shape[2] for k, _ in segments]
+        self.keys = sum(values)
+        """Keys over all segments."""
+        values += [k.data_ptr() for k, _ in segments]
+        values += [v.data_ptr() for _, v in segments]
+        for k, v in segments:
+            values += (k.stride(1), k.stride(2), v.stride(1), v.stride(2))
+        self._table = array("q", values)  # kept alive with the addresses below
+        base = self._table.buffer_info()[0]
+        self.lengths, self.key_ptrs = base, base + 8 * count
+        self.value_ptrs, self.strides = base + 16 * count, base + 24 * count
+
+
 class AttentionKernel:
     """The loaded shared library."""
 
@@ -1264,21 +1293,15 @@ class AttentionKernel:
             ):  # fmt: skip
                 raise ValueError("tensors not eligible for the attention kernel")
         count = len(segments)
-        qs = torch.stack([q.reshape(heads, d) for q, _, _ in segments]).to(torch.float32)
-        qs = qs.contiguous()
-        lengths = (ctypes.c_int64 * count)(*(k.shape[2] for _, k, _ in segments))
-        keys = (ctypes.c_void_p * count)(*(k.data_ptr() for _, k, _ in segments))
-        values = (ctypes.c_void_p * count)(*(v.data_ptr() for _, _, v in segments))
-        strides = (ctypes.c_int64 * (4 * count))(
-            *(
-                x
-                for _, k, v in segments
-                for x in (k.stride(1), k.stride(2), v.stride(1), v.stride(2))
-            )
-        )
+        if count == 1:
+            qs = first_q.reshape(1, heads, d).to(torch.float32).contiguous()
+        else:
+            qs = torch.stack([q.reshape(heads, d) for q, _, _ in segments]).to(torch.float32)
+            qs = qs.contiguous()
+        table = _SegmentTable([(k, v) for _, k, v in segments])
         out = torch.empty(heads, dv, dtype=torch.float32)
         lse = torch.empty(heads, dtype=torch.float32) if with_lse else None
-        n = sum(lengths)
+        n = table.keys
         nbytes = n * kv_heads * (d + dv) * first_k.element_size()
         threads = max(1, min(torch.get_num_threads(), nbytes // _MIN_BYTES_PER_THREAD))
         rc = self._fn(
@@ -1286,13 +1309,13 @@ class AttentionKernel:
             qs.data_ptr(),
             heads,
             kv_heads,
-            lengths,
+            table.lengths,
             d,
             dv,
             d**-0.5 if scale is None else scale,
-            keys,
-            values,
-            strides,
+            table.key_ptrs,
+            table.value_ptrs,
+            table.strides,
             int(dtype == torch.bfloat16),
             out.data_ptr(),
             None if lse is None else lse.data_ptr(),
@@ -1350,27 +1373,18 @@ class AttentionKernel:
                 raise ValueError(f"seen: {m} counts within the segment's {k.shape[2]} keys")
         if any(sum(c) == 0 for c in zip(*(seg[3] for seg in segments), strict=True)):
             raise ValueError("every query of a run must see at least one key")
-        count = len(segments)
         qs = torch.stack([q[0] for q, _, _, _ in segments]).to(torch.float32).contiguous()
-        lengths = (ctypes.c_int64 * count)(*(k.shape[2] for _, k, _, _ in segments))
-        seen_all = (ctypes.c_int64 * (count * m))(*(x for seg in segments for x in seg[3]))
-        keys = (ctypes.c_void_p * count)(*(k.data_ptr() for _, k, _, _ in segments))
-        values = (ctypes.c_void_p * count)(*(v.data_ptr() for _, _, v, _ in segments))
-        strides = (ctypes.c_int64 * (4 * count))(
-            *(
-                x
-                for _, k, v, _ in segments
-                for x in (k.stride(1), k.stride(2), v.stride(1), v.stride(2))
-            )
-        )
+        table = _SegmentTable([(k, v) for _, k, v, _ in segments])
+        seen_all = array("q", [x for seg in segments for x in seg[3]])
         out = torch.empty(heads, m, dv, dtype=torch.float32)
         # compute-bound where a lone query is bandwidth-bound: threads by multiply-adds
-        work = sum(lengths) * heads * m * (d + dv)
+        work = table.keys * heads * m * (d + dv)
         threads = max(1, min(torch.get_num_threads(), work // _MIN_RUN_WORK_PER_THREAD))
         rc = self._runs(
-            count, qs.data_ptr(), heads, kv_heads, m, lengths, seen_all, d, dv,
-            d**-0.5 if scale is None else scale, keys, values, strides,
-            int(dtype == torch.bfloat16), out.data_ptr(), threads if self.threaded else 1,
+            len(segments), qs.data_ptr(), heads, kv_heads, m, table.lengths,
+            seen_all.buffer_info()[0], d, dv, d**-0.5 if scale is None else scale,
+            table.key_ptrs, table.value_ptrs, table.strides, int(dtype == torch.bfloat16),
+            out.data_ptr(), threads if self.threaded else 1,
         )  # fmt: skip
         if rc != 0:
             raise ValueError(f"attention kernel refused its arguments (rc={rc})")
