@@ -38,7 +38,12 @@ from transformers import PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama import modeling_llama as llama
 
+from . import layer_kernel
+from .layer_kernel import FusedLayer
+
 SWITCH = "LEYLINE_LEAN_LAYERS"
+FUSED = "leyline_fused"
+"""A lean layer's attribute holding its :class:`~.layer_kernel.FusedLayer`, where bound."""
 
 
 def _rms_norm(x: torch.Tensor, norm: llama.LlamaRMSNorm) -> torch.Tensor:
@@ -81,13 +86,19 @@ def lean_forward(
     if position_embeddings is None:
         raise ValueError("a lean decoder layer needs the model's position embeddings")
     attn, mlp = self.self_attn, self.mlp
-    h = _rms_norm(hidden_states, self.input_layernorm)
-    shape = (*h.shape[:-1], -1, attn.head_dim)
-    query = attn.q_proj(h).view(shape).transpose(1, 2)
-    key = attn.k_proj(h).view(shape).transpose(1, 2)
-    value = attn.v_proj(h).view(shape).transpose(1, 2)
-    cos, sin = (t.unsqueeze(1) for t in position_embeddings)
-    query, key = _rope(query, cos, sin), _rope(key, cos, sin)
+    fused: FusedLayer | None = self.__dict__.get(FUSED)
+    if fused is not None and fused.takes(hidden_states):  # a few rows: two foreign calls
+        q, k, v = fused.pre(hidden_states, *position_embeddings)
+        query, key, value = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    else:
+        fused = None
+        h = _rms_norm(hidden_states, self.input_layernorm)
+        shape = (*h.shape[:-1], -1, attn.head_dim)
+        query = attn.q_proj(h).view(shape).transpose(1, 2)
+        key = attn.k_proj(h).view(shape).transpose(1, 2)
+        value = attn.v_proj(h).view(shape).transpose(1, 2)
+        cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+        query, key = _rope(query, cos, sin), _rope(key, cos, sin)
     if cache is not None:
         key, value = cache.update(key, value, attn.layer_idx, kwargs=kwargs)  # type: ignore[attr-defined]
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -96,7 +107,10 @@ def lean_forward(
     out, _ = attend(
         attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs
     )
-    hidden_states = hidden_states + attn.o_proj(out.reshape(*h.shape[:-1], -1).contiguous())
+    out = out.reshape(*hidden_states.shape[:-1], -1).contiguous()
+    if fused is not None:
+        return fused.post(hidden_states, out)
+    hidden_states = hidden_states + attn.o_proj(out)
     h = _rms_norm(hidden_states, self.post_attention_layernorm)
     gated = F.silu(mlp.gate_proj(h)) * mlp.up_proj(h)
     result: torch.Tensor = hidden_states + mlp.down_proj(gated)
@@ -142,6 +156,9 @@ def use_lean_layers(model: PreTrainedModel) -> int:
     layers = model.model.layers
     for layer in layers:
         layer.forward = types.MethodType(lean_forward, layer)
+        fused = layer_kernel.bind(layer)
+        if fused is not None:
+            layer.__dict__[FUSED] = fused
     return len(layers)
 
 
@@ -151,6 +168,7 @@ def drop_lean_layers(model: PreTrainedModel) -> int:
     dropped = 0
     for layer in getattr(getattr(model, "model", None), "layers", ()):
         dropped += layer.__dict__.pop("forward", None) is not None
+        layer.__dict__.pop(FUSED, None)
     return dropped
 
 

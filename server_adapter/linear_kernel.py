@@ -61,6 +61,12 @@ FEW_ROWS = 8
 """Most rows a product sends to the kernel: over SmolLM2's layers 1.3-2.1x faster than
 oneDNN's at 1-8 rows in both dtypes; at 17 even in fp32 (``evals/bench_packed_linear.py``;
 docs/perf.md)."""
+F32_ROWS = 32
+"""Most rows an fp32 product sends to the kernel. From 9 to 32 rows it ties oneDNN's over
+SmolLM2's layers on a Xeon with AMX (17 rows: 36.6 against 38.7 ms; 32: 48.5 against 50.3;
+the row groups share slices of the reduction), and a layer whose products all run here runs
+fused (``layer_kernel``): an fp32 splice with logits 1.13-1.19x faster at 4-8k (docs/perf.md,
+2026-12-05, night)."""
 BF16_DOT_ROWS = 32
 """The same for bf16 where the kernel runs on the CPU's bf16 dot product: 1.2x oneDNN's at
 17 rows and 1.14x at 32 on an AMD EPYC (docs/perf.md). Not on oneDNN's AMX packing (blocks
@@ -566,6 +572,16 @@ class DirectLinear:
         """Output columns per block of the packed layout it reads."""
         return self._block
 
+    @property
+    def k_pad(self) -> int:
+        """Reduction entries per block (the input width, padded)."""
+        return self._k_pad
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """The bias the kernel adds (contiguous), or None."""
+        return self._bias
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in] @ Wᵀ + bias``; ``x`` contiguous, in the weight's dtype."""
         rows = x.numel() // self._in
@@ -619,7 +635,7 @@ class LinearKernel:
         bf16 = packed.dtype == torch.bfloat16
         tiles = bf16 and self.amx and block == AMX_BLOCK
         dot = bf16 and self.bf16_dot and block == BLOCKS[0]
-        rows = AMX_ROWS if tiles else BF16_DOT_ROWS if dot else FEW_ROWS
+        rows = AMX_ROWS if tiles else BF16_DOT_ROWS if dot else FEW_ROWS if bf16 else F32_ROWS
         return DirectLinear(
             self._fn, packed, k_pad, out_features, in_features, bias, threads, rows, block,
             amx_rows=1 if tiles else 0,

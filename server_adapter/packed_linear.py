@@ -7,9 +7,9 @@ about 45 GFLOP/s for 17 rows. The same products on a weight reordered once into 
 blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, what torch's own CPU inductor
 uses for frozen weights) run 1.3-2x faster at every row count measured, prefill chunks of
 512 rows included (``docs/perf.md``, "Linear layers on packed weights"). Products of at most
-:data:`KERNEL_MAX_ROWS` rows (a decode step, a batched decode of a few sessions, a delete's
-last token; in bf16 with a bf16 dot product a splice's pass too) read the same packed buffer
-with ``linear_kernel`` instead, at memory speed.
+:data:`KERNEL_MAX_ROWS` rows or a few dozen (a decode step, a batched decode of a few
+sessions, a delete's last token, a splice's pass) read the same packed buffer with
+``linear_kernel`` instead, at memory speed.
 
 :func:`pack_linear_layers` swaps every ``nn.Linear`` of a CPU model in fp32 or bf16 for a
 :class:`PackedLinear` holding only the packed weight: no second copy of the weights stays
@@ -41,9 +41,10 @@ ROWS_HINT = 64
 """The row count oneDNN is told to expect when it picks the packed layout; measured best
 or tied for 1-512 rows on this machine (``evals/bench_packed_linear.py``)."""
 KERNEL_MAX_ROWS = linear_kernel.FEW_ROWS
-"""Most rows a product sends to ``linear_kernel`` (``linear_kernel.FEW_ROWS``); bf16 on a
-CPU with a bf16 dot product sends up to ``linear_kernel.BF16_DOT_ROWS`` (a splice's one
-pass of 17 rows included)."""
+"""Most rows a bf16 product sends to ``linear_kernel`` where the CPU has neither a bf16 dot
+product nor the tile unit (``linear_kernel.FEW_ROWS``). Elsewhere more, a splice's one pass
+of 17 rows included: fp32 up to ``linear_kernel.F32_ROWS``, bf16 up to
+``linear_kernel.BF16_DOT_ROWS`` (dot product) or ``linear_kernel.AMX_ROWS`` (tile unit)."""
 
 
 class PackedLinear(nn.Module):

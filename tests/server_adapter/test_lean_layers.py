@@ -4,7 +4,8 @@ an in-place edit's segment reads, batched decode), in fp32 and bf16."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from leyline.server_adapter.batched_decode import Row
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.forward import buffers_holding
 from leyline.server_adapter.lean_layers import (
+    FUSED,
     SWITCH,
     drop_lean_layers,
     lean_forward,
@@ -39,6 +41,20 @@ def _bound(engine: Engine) -> bool:
     )
 
 
+@contextmanager
+def _unfused(engine: Engine) -> Iterator[None]:
+    """The lean forward alone: few-row forwards off the fused layer kernel
+    (``layer_kernel``, tested against transformers within rounding in its own tests)."""
+    layers = engine.model.model.layers
+    saved = [layer.__dict__.pop(FUSED, None) for layer in layers]
+    try:
+        yield
+    finally:
+        for layer, fused in zip(layers, saved, strict=True):
+            if fused is not None:
+                layer.__dict__[FUSED] = fused
+
+
 def _both(engine: Engine, run: Run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """``run`` with transformers' layer forward, then with the lean one."""
     assert _bound(engine)
@@ -48,7 +64,8 @@ def _both(engine: Engine, run: Run) -> tuple[list[torch.Tensor], list[torch.Tens
         plain = run(engine)
     finally:
         assert use_lean_layers(engine.model) == len(engine.model.model.layers)
-    return plain, run(engine)
+    with _unfused(engine):
+        return plain, run(engine)
 
 
 def _kv_tensors(session: SessionCache) -> list[torch.Tensor]:

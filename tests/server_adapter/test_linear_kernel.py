@@ -13,6 +13,7 @@ from leyline.server_adapter import kernel_build, linear_kernel
 from leyline.server_adapter.linear_kernel import (
     AMX_ROWS,
     BLOCKS,
+    F32_ROWS,
     DirectLinear,
     LinearKernel,
     packed_view,
@@ -191,11 +192,11 @@ def test_packed_linear_sends_only_few_contiguous_rows_to_the_kernel(kernel: Line
     spy = _Counting(layer.direct)
     layer.direct = spy  # type: ignore[assignment]
     with torch.no_grad():
-        for rows in (1, KERNEL_MAX_ROWS):
+        for rows in (1, F32_ROWS):
             x = torch.randn(1, rows, 576)
             assert rel_err(layer(x), linear(x)) <= 1e-6
         assert spy.calls == 2
-        layer(torch.randn(1, KERNEL_MAX_ROWS + 1, 576))
+        layer(torch.randn(1, F32_ROWS + 1, 576))
         layer(torch.randn(2, 1152)[:, ::2])  # two rows, not contiguous: oneDNN reads it
         assert spy.calls == 2
     assert "linear_kernel" in layer.extra_repr()
@@ -208,7 +209,7 @@ def test_packed_linear_sends_only_few_contiguous_rows_to_the_kernel(kernel: Line
 def test_bf16_products_of_a_splices_pass_go_to_the_kernel(kernel: LinearKernel) -> None:
     """bf16 products of up to 32 rows (a splice's 17 among them) go to the kernel: on the
     tile unit where oneDNN packs for AMX and the kernel has it, else on the bf16 dot
-    product where oneDNN packs in blocks of 64; otherwise, and in fp32, up to 8."""
+    product where oneDNN packs in blocks of 64; otherwise up to 8. fp32: up to 32."""
     assert kernel.bf16_dot == ("avx512_bf16" in kernel_build.cpu_flags() and AVX512)
     if AVX512 and AMX_BF16:  # Linux grants the tile unit: measured on this Xeon
         assert kernel.amx
@@ -220,7 +221,7 @@ def test_bf16_products_of_a_splices_pass_go_to_the_kernel(kernel: LinearKernel) 
     tiles = kernel.amx and bf16.direct.block == linear_kernel.AMX_BLOCK
     dot = kernel.bf16_dot and bf16.direct.block == 64
     most = AMX_ROWS if tiles else linear_kernel.BF16_DOT_ROWS if dot else KERNEL_MAX_ROWS
-    assert (bf16.kernel_rows, fp32.kernel_rows) == (most, KERNEL_MAX_ROWS)
+    assert (bf16.kernel_rows, fp32.kernel_rows) == (most, F32_ROWS)
     assert bf16.direct.amx_rows == (1 if tiles else 0) and fp32.direct.amx_rows == 0
     spy = _Counting(bf16.direct)
     bf16.direct = spy  # type: ignore[assignment]

@@ -1,0 +1,337 @@
+"""A Llama decoder layer's few-row work in one foreign call on each side of its attention.
+
+A decode step, a splice's pass and a delete's last token run a few rows through 30 layers.
+After ``linear_kernel`` and the attention kernels, most of such a step was glue: per layer
+two RMSNorms, RoPE on queries and keys, the gated activation, two residual adds and seven
+module calls, some 40 small torch ops at a few microseconds each (perf on a bf16 decode
+step at 512 tokens, 2 cores: about 20 of its 29 ms in Python and libtorch). Here each side
+of the attention is one call into C:
+
+- :meth:`FusedLayer.pre`: ``RMSNorm -> q, k, v products -> RoPE on q and k``;
+- :meth:`FusedLayer.post`: ``x + o(attn) -> RMSNorm -> x + down(silu(gate) * up)``.
+
+The products are ``linear_kernel``'s own (this library is its source plus the glue, so the
+glue calls ``leyline_packed_linear`` on the packed weights in place). The arithmetic follows
+transformers' Llama layer op by op, rounding to bf16 where its bf16 forward rounds (each
+product's output, RoPE's two products and their sum, the norm before its weight, the
+activation, each residual add); only the order of the norm's sum of squares differs, so
+results equal the lean forward's to fp32 rounding (fp32) or within bf16 rounding noise
+(tested against transformers' forward, ``tests/server_adapter/test_layer_kernel.py``).
+
+It applies where ``lean_layers`` does, to a layer whose seven products all run on
+``linear_kernel`` at the call's row count (bf16 on the tile unit: up to 32 rows; fp32: up to
+8), for a batch of one row sequence. ``LEYLINE_LAYER_KERNEL=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers.models.llama import modeling_llama as llama
+
+from . import kernel_build, linear_kernel
+from .kernel_build import KernelStatus
+from .packed_linear import PackedLinear
+
+__all__ = ["FusedLayer", "LayerKernel", "bind", "load", "status"]
+
+_ENV_SWITCH = "LEYLINE_LAYER_KERNEL"
+PRODUCTS = ("q", "k", "v", "o", "gate", "up", "down")
+"""The order of the seven products in a layer's descriptor table."""
+
+_GLUE = r"""
+#include <math.h>
+
+/* A product's descriptor: weight, out, in, padded in, bias, block, tile-unit rows. */
+enum { LD_W, LD_N, LD_K, LD_KP, LD_BIAS, LD_BLOCK, LD_AMX, LD_FIELDS };
+
+static _Thread_local float *lk_tls;
+static _Thread_local int64_t lk_tls_floats;
+
+static float *lk_scratch(int64_t floats) {
+    if (floats > lk_tls_floats) {
+        free(lk_tls);
+        lk_tls = malloc(sizeof(float) * (size_t)floats);
+        lk_tls_floats = lk_tls ? floats : 0;
+    }
+    return lk_tls;
+}
+
+static inline float lk_get(const void *p, int64_t i, int bf16) {
+    return bf16 ? ll_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* The value stored in the model's dtype: rounded to bf16 (nearest even) or kept. */
+static inline float lk_round(float f, int bf16) { return bf16 ? ll_bf16(ll_to_bf16(f)) : f; }
+
+static inline void lk_put(void *p, int64_t i, float f, int bf16) {
+    if (bf16) ((uint16_t *)p)[i] = ll_to_bf16(f);
+    else ((float *)p)[i] = f;
+}
+
+static int32_t lk_product(const int64_t *d, const void *x, int64_t rows, void *y, int bf16,
+                          int32_t threads) {
+    int64_t n = d[LD_N], per = n / 256 > 0 ? n / 256 : 1;
+    int32_t t = threads < per ? threads : (int32_t)per;
+    return leyline_packed_linear((const void *)d[LD_W], n, d[LD_K], d[LD_KP], x, rows, d[LD_K],
+                                 (const void *)d[LD_BIAS], y, n, bf16, t, (int32_t)d[LD_BLOCK],
+                                 (int32_t)d[LD_AMX]);
+}
+
+/* out = weight * (x / rms(x)), as LlamaRMSNorm: fp32 inside, x / rms rounded to the model's
+   dtype before the weight, the product rounded again. */
+static void lk_rms_norm(const void *x, int64_t rows, int64_t hidden, const void *w, float eps,
+                        void *out, int bf16) {
+    for (int64_t r = 0; r < rows; r++) {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < hidden; j++) {
+            float v = lk_get(x, r * hidden + j, bf16);
+            sum += v * v;
+        }
+        float inv = 1.0f / sqrtf(sum / (float)hidden + eps);
+        for (int64_t j = 0; j < hidden; j++) {
+            float h = lk_round(lk_get(x, r * hidden + j, bf16) * inv, bf16);
+            lk_put(out, r * hidden + j, lk_get(w, j, bf16) * h, bf16);
+        }
+    }
+}
+
+/* RoPE in place on rows of `heads` heads of width hd (rotate-half pairing), as
+   apply_rotary_pos_emb: x cos + rotate_half(x) sin, each product and the sum rounded. */
+static void lk_rope(void *x, int64_t rows, int64_t heads, int64_t hd, const void *cos,
+                    const void *sin, int bf16) {
+    int64_t half = hd / 2;
+    float tmp[1024];
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < heads; h++) {
+            int64_t base = (r * heads + h) * hd;
+            for (int64_t i = 0; i < hd; i++) tmp[i] = lk_get(x, base + i, bf16);
+            for (int64_t i = 0; i < hd; i++) {
+                float rot = i < half ? -tmp[i + half] : tmp[i - half];
+                float a = lk_round(tmp[i] * lk_get(cos, r * hd + i, bf16), bf16);
+                float b = lk_round(rot * lk_get(sin, r * hd + i, bf16), bf16);
+                lk_put(x, base + i, a + b, bf16);
+            }
+        }
+}
+
+/* q [rows][heads * hd], k and v [rows][kv * hd] of the rows x [rows][hidden]: norm, the
+   three products, RoPE on q and k (cos, sin: [rows][hd]). Returns 0, or the failing
+   product's code (-1: no memory). */
+int32_t leyline_layer_pre(const int64_t *desc, const void *x, int64_t rows, int64_t hidden,
+                          const void *ln, float eps, const void *cos, const void *sin,
+                          int64_t heads, int64_t kv, int64_t hd, void *q, void *k, void *v,
+                          int32_t bf16, int32_t threads) {
+    if (hd > 1024 || hd % 2) return -3;
+    float *h = lk_scratch(rows * hidden);
+    if (!h) return -1;
+    lk_rms_norm(x, rows, hidden, ln, eps, h, bf16);
+    int32_t rc = lk_product(desc, h, rows, q, bf16, threads);
+    if (!rc) rc = lk_product(desc + LD_FIELDS, h, rows, k, bf16, threads);
+    if (!rc) rc = lk_product(desc + 2 * LD_FIELDS, h, rows, v, bf16, threads);
+    if (rc) return rc;
+    lk_rope(q, rows, heads, hd, cos, sin, bf16);
+    lk_rope(k, rows, kv, hd, cos, sin, bf16);
+    return 0;
+}
+
+/* out [rows][hidden] = y + down(silu(gate(n)) * up(n)), n = norm(y), y = x + o(attn);
+   attn [rows][heads * hd]. Returns 0, or the failing product's code (-1: no memory). */
+int32_t leyline_layer_post(const int64_t *desc, const void *x, const void *attn, int64_t rows,
+                           int64_t hidden, int64_t inter, const void *ln, float eps, void *out,
+                           int32_t bf16, int32_t threads) {
+    const int64_t es = bf16 ? 2 : 4, per = (hidden + 2 * inter) * es / 4 + 1;
+    float *scratch = lk_scratch(rows * per * 2);
+    if (!scratch) return -1;
+    char *y = (char *)scratch, *n = y + rows * hidden * es, *g = n + rows * hidden * es;
+    char *u = g + rows * inter * es;
+    int32_t rc = lk_product(desc + 3 * LD_FIELDS, attn, rows, y, bf16, threads);
+    if (rc) return rc;
+    for (int64_t i = 0; i < rows * hidden; i++)
+        lk_put(y, i, lk_get(x, i, bf16) + lk_get(y, i, bf16), bf16);
+    lk_rms_norm(y, rows, hidden, ln, eps, n, bf16);
+    rc = lk_product(desc + 4 * LD_FIELDS, n, rows, g, bf16, threads);
+    if (!rc) rc = lk_product(desc + 5 * LD_FIELDS, n, rows, u, bf16, threads);
+    if (rc) return rc;
+    for (int64_t i = 0; i < rows * inter; i++) {
+        float a = lk_get(g, i, bf16);
+        float s = lk_round(a / (1.0f + expf(-a)), bf16);
+        lk_put(g, i, s * lk_get(u, i, bf16), bf16);
+    }
+    rc = lk_product(desc + 6 * LD_FIELDS, g, rows, out, bf16, threads);
+    if (rc) return rc;
+    for (int64_t i = 0; i < rows * hidden; i++)
+        lk_put(out, i, lk_get(y, i, bf16) + lk_get(out, i, bf16), bf16);
+    return 0;
+}
+"""
+
+_SOURCE = linear_kernel._SOURCE + _GLUE
+
+
+class LayerKernel:
+    """The loaded shared library (``linear_kernel``'s products and the glue)."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path, *, threaded: bool) -> None:
+        self.path = path
+        self.threaded = threaded
+        i64, ptr, i32, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, ctypes.c_float
+        pre = lib.leyline_layer_pre
+        pre.argtypes = [ptr, ptr, i64, i64, ptr, f32, ptr, ptr, i64, i64, i64, ptr, ptr, ptr]
+        pre.argtypes += [i32, i32]
+        pre.restype = i32
+        post = lib.leyline_layer_post
+        post.argtypes = [ptr, ptr, ptr, i64, i64, i64, ptr, f32, ptr, i32, i32]
+        post.restype = i32
+        self._pre, self._post = pre, post
+        self.amx = bool(lib.leyline_linear_amx_ready())
+
+
+def _hooked(modules: tuple[nn.Module, ...]) -> bool:
+    """Whether a forward hook would see any of ``modules`` called: their own, or torch's
+    module-wide ones (kept under private names in ``torch.nn.modules.module``)."""
+    everywhere = torch.nn.modules.module
+    if getattr(everywhere, "_global_forward_hooks", None) or getattr(
+        everywhere, "_global_forward_pre_hooks", None
+    ):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
+def _raise(rc: int, side: str) -> None:
+    if rc == -1:
+        raise MemoryError(f"layer kernel ({side}): out of memory")
+    raise ValueError(f"layer kernel ({side}) refused its arguments (rc {rc})")
+
+
+@dataclass(frozen=True, slots=True)
+class FusedLayer:
+    """One decoder layer bound to the kernel: its seven products' descriptors and norms."""
+
+    kernel: LayerKernel
+    table: array  # type: ignore[type-arg]
+    """``PRODUCTS`` x the C side's seven fields, int64 (kept alive: the C side reads it)."""
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    input_eps: float
+    post_eps: float
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    inter: int
+    max_rows: int
+    """Most rows every product runs on ``linear_kernel`` (more: the lean forward)."""
+    dtype: torch.dtype
+    keep: tuple[nn.Module, ...]
+    """The packed layers whose buffers the table points into."""
+
+    def takes(self, x: torch.Tensor) -> bool:
+        """Whether ``x [1, rows, hidden]`` goes through the fused calls: few rows, and no
+        forward hook on a product (a hooked layer runs its modules, so the hooks fire)."""
+        return (
+            x.dim() == 3
+            and x.shape[0] == 1
+            and 0 < x.shape[1] <= self.max_rows
+            and x.dtype == self.dtype
+            and x.is_contiguous()
+            and not _hooked(self.keep)
+        )
+
+    def _threads(self) -> int:
+        return torch.get_num_threads() if self.kernel.threaded else 1
+
+    def pre(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys (both rotated) and values of ``x [1, rows, hidden]`` as ``[1, rows,
+        heads, head_dim]``; ``cos``/``sin``: the model's position embeddings ``[1, rows,
+        head_dim]`` in its dtype."""
+        rows, hd = x.shape[1], self.head_dim
+        q = torch.empty(1, rows, self.heads, hd, dtype=x.dtype)
+        k = torch.empty(1, rows, self.kv_heads, hd, dtype=x.dtype)
+        v = torch.empty(1, rows, self.kv_heads, hd, dtype=x.dtype)
+        cos, sin = cos.to(x.dtype).contiguous(), sin.to(x.dtype).contiguous()
+        rc = self.kernel._pre(
+            self.table.buffer_info()[0], x.data_ptr(), rows, self.hidden,
+            self.input_norm.data_ptr(), self.input_eps, cos.data_ptr(), sin.data_ptr(),
+            self.heads, self.kv_heads, hd, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+            int(x.dtype == torch.bfloat16), self._threads(),
+        )  # fmt: skip
+        if rc:
+            _raise(rc, "pre")
+        return q, k, v
+
+    def post(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The layer's output for its input ``x [1, rows, hidden]`` and attention output
+        ``attn [1, rows, heads * head_dim]`` (contiguous)."""
+        out = torch.empty_like(x)
+        rc = self.kernel._post(
+            self.table.buffer_info()[0], x.data_ptr(), attn.data_ptr(), x.shape[1],
+            self.hidden, self.inter, self.post_norm.data_ptr(), self.post_eps, out.data_ptr(),
+            int(x.dtype == torch.bfloat16), self._threads(),
+        )  # fmt: skip
+        if rc:
+            _raise(rc, "post")
+        return out
+
+
+def bind(layer: llama.LlamaDecoderLayer) -> FusedLayer | None:
+    """``layer`` (a Llama decoder layer that ``lean_layers`` takes) bound to the kernel, or
+    None: no kernel, or a product not on ``linear_kernel``."""
+    kernel = load()
+    if kernel is None:
+        return None
+    attn, mlp = layer.self_attn, layer.mlp
+    found = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+             mlp.gate_proj, mlp.up_proj, mlp.down_proj)  # fmt: skip
+    modules = [m for m in found if isinstance(m, PackedLinear) and m.direct is not None]
+    if len(modules) != len(PRODUCTS):
+        return None
+    dtype = modules[0].dtype
+    fields: list[int] = []
+    for m in modules:
+        direct = m.direct
+        assert direct is not None  # filtered above
+        if m.dtype != dtype:
+            return None
+        bias = 0 if direct.bias is None else direct.bias.data_ptr()
+        fields += [int(torch.ops.mkldnn.data_ptr(m.packed)), m.out_features, m.in_features,
+                   direct.k_pad, bias, direct.block, direct.amx_rows]  # fmt: skip
+    config = attn.config
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if any(n.weight.dtype != dtype for n in norms):
+        return None
+    return FusedLayer(
+        kernel, array("q", fields),
+        norms[0].weight.detach().contiguous(), norms[1].weight.detach().contiguous(),
+        float(norms[0].variance_epsilon), float(norms[1].variance_epsilon),
+        heads, kv_heads, int(attn.head_dim), modules[0].in_features,
+        modules[4].out_features, min(m.kernel_rows for m in modules), dtype, tuple(modules),
+    )  # fmt: skip
+
+
+_kernel = kernel_build.LazyKernel(
+    "layer_kernel",
+    _SOURCE,
+    linear_kernel._flags,
+    lambda lib, path, threaded: LayerKernel(lib, path, threaded=threaded),
+    switch=_ENV_SWITCH,
+)
+
+
+def load() -> LayerKernel | None:
+    """The kernel, compiled and loaded on first use (once per process); None if unusable."""
+    return _kernel.load()
+
+
+def status() -> KernelStatus:
+    """Whether :func:`load` found a kernel, and the library's path or the reason."""
+    return _kernel.status()
