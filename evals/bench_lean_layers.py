@@ -1,11 +1,15 @@
-"""The lean decoder-layer forward (``lean_layers``) against transformers' own, per operation.
+"""The lean decoder-layer forward (``lean_layers``) and the fused few-row layers
+(``layer_kernel``) against transformers' own forward, per operation.
 
 One engine per dtype; for each context a prefilled session, then three operations on a
-private copy of it, each run with transformers' layer forward and with the lean one,
-interleaved so the machine's noise hits both arms alike: a decode step (one token), a
-delete with next-token logits (a 300-token span at a quarter of the context, in place),
-and a splice with logits (the same span replaced by 16 tokens). Figures are medians;
-``x`` is plain / lean. Both arms compute bitwise the same (``test_lean_layers.py``).
+private copy of it, each run with transformers' layer forward (``plain``), the lean one
+without the fused layers (``lean``) and with them (``fused``: few-row forwards in two
+foreign calls per layer where every product runs on ``linear_kernel``), interleaved so the
+machine's noise hits the arms alike: a decode step (one token), a delete with next-token
+logits (a 300-token span at a quarter of the context, in place), and a splice with logits
+(the same span replaced by 16 tokens). Figures are medians; ``x`` is plain / lean and
+lean / fused. plain and lean compute bitwise the same (``test_lean_layers.py``), fused the
+same within rounding (``test_layer_kernel.py``).
 
 Run: ``.venv/bin/python evals/bench_lean_layers.py`` (``--quick`` for a smoke run).
 """
@@ -24,10 +28,11 @@ from leyline.evals.bench_linear_kernel import DTYPES
 from leyline.evals.bench_splice import document, stub_tokens
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
+from leyline.server_adapter import layer_kernel
 from leyline.server_adapter.allocator import retain_freed_memory
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.forward import buffers_holding
-from leyline.server_adapter.lean_layers import drop_lean_layers, use_lean_layers
+from leyline.server_adapter.lean_layers import drop_lean_layers, unfuse, use_lean_layers
 from leyline.server_adapter.session import SessionCache
 
 SPAN = 300
@@ -69,15 +74,24 @@ def timed(op: Op) -> float:
     return ms
 
 
-def bench(engine: Engine, n: int, runs: int) -> dict[str, tuple[float, float]]:
-    """Per operation: (plain, lean) medians in ms."""
+ARMS = ("plain", "lean", "fused")
+
+
+def bench(engine: Engine, n: int, runs: int) -> dict[str, tuple[float, ...]]:
+    """Per operation: the medians in ms of :data:`ARMS`, in that order."""
     base = SessionCache(engine)
     base.prefill(document(engine, n))
     ops = operations(engine, base)
     times: dict[tuple[str, str], list[float]] = {}
+
+    def lean() -> None:
+        use_lean_layers(engine.model)
+        unfuse(engine.model)
+
     arms: dict[str, Callable[[], object]] = {
         "plain": lambda: drop_lean_layers(engine.model),
-        "lean": lambda: use_lean_layers(engine.model),
+        "lean": lean,
+        "fused": lambda: use_lean_layers(engine.model),
     }
     for round_ in range(runs + 1):  # the first round warms up
         for name, op in ops.items():
@@ -88,14 +102,11 @@ def bench(engine: Engine, n: int, runs: int) -> dict[str, tuple[float, float]]:
                     times.setdefault((name, arm), []).append(ms)
     use_lean_layers(engine.model)
     base.release()
-    return {
-        name: (statistics.median(times[name, "plain"]), statistics.median(times[name, "lean"]))
-        for name in ops
-    }
+    return {name: tuple(statistics.median(times[name, arm]) for arm in ARMS) for name in ops}
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict[int, dict[str, tuple[float, float]]]]:
-    """Prints the table; returns per dtype, per context, per operation (plain, lean) ms."""
+def main(argv: list[str] | None = None) -> dict[str, dict[int, dict[str, tuple[float, ...]]]]:
+    """Prints the table; returns per dtype, per context, per operation the :data:`ARMS`' ms."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=DTYPES)
@@ -110,18 +121,26 @@ def main(argv: list[str] | None = None) -> dict[str, dict[int, dict[str, tuple[f
         torch.set_num_threads(args.threads)
     retain_freed_memory()
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {args.model}")
-    results: dict[str, dict[int, dict[str, tuple[float, float]]]] = {}
+    results: dict[str, dict[int, dict[str, tuple[float, ...]]]] = {}
     for dtype in args.dtypes:
         engine = Engine.load(args.model, dtype=DTYPES[dtype])
         if not engine.lean_layers:
             print(f"# {dtype}: the model's layers cannot go lean")
             continue
-        print(f"# {dtype}: {engine.lean_layers} lean layers; {engine.packing.describe()}")
-        print("context | operation      | plain_ms  lean_ms      x")
+        fused = unfuse(engine.model)
+        use_lean_layers(engine.model)
+        print(
+            f"# {dtype}: {engine.lean_layers} lean layers, {fused} fused "
+            f"({layer_kernel.status().detail}); {engine.packing.describe()}"
+        )
+        print("context | operation      | plain_ms  lean_ms fused_ms | plain/lean lean/fused")
         for n in args.contexts:
             figures = results.setdefault(dtype, {})[n] = bench(engine, n, args.runs)
-            for name, (plain, lean) in figures.items():
-                print(f"{n:7d} | {name:14s} | {plain:8.1f} {lean:8.1f} {plain / lean:6.2f}x")
+            for name, (plain, lean, fast) in figures.items():
+                print(
+                    f"{n:7d} | {name:14s} | {plain:8.1f} {lean:8.1f} {fast:8.1f} | "
+                    f"{plain / lean:9.2f}x {lean / fast:9.2f}x"
+                )
     return results
 
 

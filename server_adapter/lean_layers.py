@@ -172,6 +172,13 @@ def drop_lean_layers(model: PreTrainedModel) -> int:
     return dropped
 
 
+def unfuse(model: PreTrainedModel) -> int:
+    """Run every lean layer's few-row forwards on the lean path too (A/B runs, tests);
+    returns how many layers were fused. :func:`use_lean_layers` fuses them again."""
+    layers = getattr(getattr(model, "model", None), "layers", ())
+    return sum(layer.__dict__.pop(FUSED, None) is not None for layer in layers)
+
+
 @contextmanager
 def transformers_layers(model: PreTrainedModel) -> Iterator[None]:
     """Run ``model`` on transformers' own decoder-layer forward inside the block (an
