@@ -283,7 +283,8 @@ class FusedLayer:
 
 def bind(layer: llama.LlamaDecoderLayer) -> FusedLayer | None:
     """``layer`` (a Llama decoder layer that ``lean_layers`` takes) bound to the kernel, or
-    None: no kernel, or a product not on ``linear_kernel``."""
+    None: no kernel, a product not on ``linear_kernel``, or widths that do not fit
+    together."""
     kernel = load()
     if kernel is None:
         return None
@@ -306,15 +307,27 @@ def bind(layer: llama.LlamaDecoderLayer) -> FusedLayer | None:
     config = attn.config
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    hd, hidden, inter = int(attn.head_dim), modules[0].in_features, modules[4].out_features
+    widths = [(m.out_features, m.in_features) for m in modules]
+    if widths != [
+        (heads * hd, hidden),
+        (kv_heads * hd, hidden),
+        (kv_heads * hd, hidden),
+        (hidden, heads * hd),
+        (inter, hidden),
+        (inter, hidden),
+        (hidden, inter),
+    ]:
+        return None
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
-    if any(n.weight.dtype != dtype for n in norms):
+    if any(n.weight.dtype != dtype or n.weight.numel() != hidden for n in norms):
         return None
     return FusedLayer(
         kernel, array("q", fields),
         norms[0].weight.detach().contiguous(), norms[1].weight.detach().contiguous(),
         float(norms[0].variance_epsilon), float(norms[1].variance_epsilon),
-        heads, kv_heads, int(attn.head_dim), modules[0].in_features,
-        modules[4].out_features, min(m.kernel_rows for m in modules), dtype, tuple(modules),
+        heads, kv_heads, hd, hidden, inter, min(m.kernel_rows for m in modules), dtype,
+        tuple(modules),
     )  # fmt: skip
 
 
