@@ -4,8 +4,10 @@ the packed weights buy a whole operation.
 One engine, one prefilled session; each arm is timed with every packed layer's kernel
 binding switched on, then off (oneDNN's product for every row count), interleaved so the
 machine's noise hits both alike. Arms: a delete with next-token logits (one row through
-the model), a splice with logits (17 rows: above the kernel's row limit, so the control),
-and batched decode steps of 1, 4 and 8 sessions (``Engine.forward_rows``). Figures are
+the model), a splice with logits (17 rows: on the kernel in fp32 and in bf16 with the tile
+unit or a bf16 dot product, else the control), and batched decode steps of 1, 4 and 8
+sessions (``Engine.forward_rows``). With the kernel on, a layer whose products all run on it
+runs fused (``layer_kernel``); off, every product is oneDNN's and every layer lean. Figures are
 medians; ``x`` is off / on. The logits of both settings are compared too (the products
 differ only in summation order).
 
@@ -27,6 +29,7 @@ from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 from leyline.server_adapter.allocator import retain_freed_memory
 from leyline.server_adapter.engine import Engine
+from leyline.server_adapter.lean_layers import unfuse, use_lean_layers
 from leyline.server_adapter.linear_kernel import DirectLinear
 from leyline.server_adapter.packed_linear import PackedLinear
 from leyline.server_adapter.session import SessionCache
@@ -35,9 +38,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class KernelSwitch:
-    """Turns every packed layer's kernel binding on or off."""
+    """Turns every packed layer's kernel binding on or off (and with it the fused few-row
+    layers, whose products run on the kernel: ``layer_kernel``)."""
 
     def __init__(self, engine: Engine) -> None:
+        self.model = engine.model
         self.layers = [m for m in engine.model.modules() if isinstance(m, PackedLinear)]
         self.bound: list[DirectLinear | None] = [m.direct for m in self.layers]
 
@@ -46,8 +51,12 @@ class KernelSwitch:
         return sum(b is not None for b in self.bound)
 
     def set(self, on: bool) -> None:
+        if not on:
+            unfuse(self.model)
         for layer, direct in zip(self.layers, self.bound, strict=True):
             layer.direct = direct if on else None
+        if on:
+            use_lean_layers(self.model)  # binds the fused layers again, where it applies
 
 
 Arm = Callable[[], float]
