@@ -213,7 +213,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"leyline serve: {exc}", file=sys.stderr)
         return 2
     engine = app.state.engine
-    lean = f"; {engine.lean_layers} decoder layers on the lean forward" * bool(engine.lean_layers)
+    fused = f" ({engine.fused_layers} fused for few rows)" * bool(engine.fused_layers)
+    lean = f"; {engine.lean_layers} decoder layers on the lean forward{fused}" * bool(
+        engine.lean_layers
+    )
     print(
         f"leyline: {engine.loaded.label} ready in {time.perf_counter() - t0:.1f}s; "
         f"serving on http://{settings.host}:{settings.port} (docs at /docs)"

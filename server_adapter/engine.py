@@ -24,7 +24,7 @@ from .forward import DEFAULT_PREFILL_CHUNK, KVBuffers, forward_at, forward_into,
 from .in_place_edit import InPlaceOutcome, edit_in_place, in_place_layout
 from .kv_blocks import KVCache
 from .layouts import CacheLayout, detect_layout
-from .lean_layers import use_lean_layers
+from .lean_layers import fused_layers, use_lean_layers
 from .models import LoadedModel, load_model
 from .packed_linear import PackReport, pack_linear_layers
 from .prefix_cache import PrefixCache
@@ -59,6 +59,8 @@ class Engine:
         """Linear layers on oneDNN's packed weights (``packed_linear``), or why not."""
         self.lean_layers = use_lean_layers(self.model)
         """Decoder layers on the lean forward (``lean_layers``; 0: transformers' own)."""
+        self.fused_layers = fused_layers(self.model)
+        """Of those, layers whose few-row forwards run fused (``layer_kernel``)."""
         self.tokenizer = loaded.tokenizer
         self.prefix_cache = prefix_cache
         self.prefill_chunk = prefill_chunk

@@ -172,6 +172,12 @@ def drop_lean_layers(model: PreTrainedModel) -> int:
     return dropped
 
 
+def fused_layers(model: PreTrainedModel) -> int:
+    """How many decoder layers run their few-row forwards fused (``layer_kernel``)."""
+    layers = getattr(getattr(model, "model", None), "layers", ())
+    return sum(FUSED in vars(layer) for layer in layers)
+
+
 def unfuse(model: PreTrainedModel) -> int:
     """Run every lean layer's few-row forwards on the lean path too (A/B runs, tests);
     returns how many layers were fused. :func:`use_lean_layers` fuses them again."""

@@ -86,7 +86,7 @@ def test_the_engine_on_fused_layers_agrees_with_transformers(dtype: torch.dtype)
     """Chunked prefill (not fused: too many rows), splices in place and by copy, FORGET,
     decode steps and a batched step: logits and KV within rounding of transformers'."""
     engine = _engine(dtype)
-    assert len(_fused(engine)) == 2
+    assert len(_fused(engine)) == engine.fused_layers == 2
     with transformers_layers(engine.model):
         want = _engine_ops(engine)
     got = _engine_ops(engine)
@@ -131,7 +131,7 @@ def _switched_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_switched_off_by_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     with _switched_off(monkeypatch):
         engine = _engine(torch.float32)
-        assert engine.lean_layers == 2 and not _fused(engine)
+        assert engine.lean_layers == 2 and not _fused(engine) and engine.fused_layers == 0
         assert "LEYLINE_LAYER_KERNEL" in layer_kernel.status().detail
 
 
