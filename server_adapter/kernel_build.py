@@ -108,6 +108,61 @@ def base_flags(openmp: bool) -> list[str]:
     return flags
 
 
+AMX_C = r"""
+#ifdef __AMX_BF16__
+#include <immintrin.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+/* The tile configuration ldtilecfg reads (palette 1). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} kb_tilecfg;
+
+/* 1 when Linux grants this process the tile state (asked per process, by any thread). */
+static int kb_amx_request(void) {
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+}
+
+/* The calling thread's eight tiles: rows[t] rows of 64 bytes each. */
+static void kb_tiles_configure(const uint8_t rows[8]) {
+    kb_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = rows[t];
+    }
+    /* the barrier: GCC may otherwise drop the stores into cfg, which ldtilecfg reads */
+    __asm__ volatile("" : : "r"(&cfg) : "memory");
+    _tile_loadconfig(&cfg);
+}
+
+static const uint8_t kb_full_tiles[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+#endif
+"""
+"""C for kernels that use the tile unit (AMX), placed after their includes (``_GNU_SOURCE``
+defined first): the tile configuration, the per-process request for the tile state and the
+per-thread configuration."""
+SCRATCH_C = r"""
+#include <stdlib.h>
+/* A thread's scratch floats, kept between calls and grown as needed: no allocation per
+   call (NULL when memory runs out). */
+static _Thread_local float *kb_tls;
+static _Thread_local int64_t kb_tls_floats;
+
+static float *kb_scratch(int64_t floats) {
+    if (floats > kb_tls_floats) {
+        free(kb_tls);
+        kb_tls = malloc(sizeof(float) * (size_t)floats);
+        kb_tls_floats = kb_tls ? floats : 0;
+    }
+    return kb_tls;
+}
+"""
+"""C for a kernel's per-thread scratch (``kb_scratch``), placed after its includes."""
 AMX_FLAGS = ("-mamx-tile", "-mamx-bf16")
 """The compiler flags for bf16 products on the CPU's tile unit (AMX)."""
 

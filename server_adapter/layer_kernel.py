@@ -35,7 +35,6 @@ from torch import nn
 from transformers.models.llama import modeling_llama as llama
 
 from . import kernel_build, linear_kernel
-from .kernel_build import KernelStatus
 from .packed_linear import PackedLinear
 
 __all__ = ["FusedLayer", "LayerKernel", "bind", "load", "status"]
@@ -49,18 +48,6 @@ _GLUE = r"""
 
 /* A product's descriptor: weight, out, in, padded in, bias, block, tile-unit rows. */
 enum { LD_W, LD_N, LD_K, LD_KP, LD_BIAS, LD_BLOCK, LD_AMX, LD_FIELDS };
-
-static _Thread_local float *lk_tls;
-static _Thread_local int64_t lk_tls_floats;
-
-static float *lk_scratch(int64_t floats) {
-    if (floats > lk_tls_floats) {
-        free(lk_tls);
-        lk_tls = malloc(sizeof(float) * (size_t)floats);
-        lk_tls_floats = lk_tls ? floats : 0;
-    }
-    return lk_tls;
-}
 
 static inline float lk_get(const void *p, int64_t i, int bf16) {
     return bf16 ? ll_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
@@ -128,7 +115,7 @@ int32_t leyline_layer_pre(const int64_t *desc, const void *x, int64_t rows, int6
                           int64_t heads, int64_t kv, int64_t hd, void *q, void *k, void *v,
                           int32_t bf16, int32_t threads) {
     if (hd > 1024 || hd % 2) return -3;
-    float *h = lk_scratch(rows * hidden);
+    float *h = kb_scratch(rows * hidden);
     if (!h) return -1;
     lk_rms_norm(x, rows, hidden, ln, eps, h, bf16);
     int32_t rc = lk_product(desc, h, rows, q, bf16, threads);
@@ -146,7 +133,7 @@ int32_t leyline_layer_post(const int64_t *desc, const void *x, const void *attn,
                            int64_t hidden, int64_t inter, const void *ln, float eps, void *out,
                            int32_t bf16, int32_t threads) {
     const int64_t es = bf16 ? 2 : 4, per = (hidden + 2 * inter) * es / 4 + 1;
-    float *scratch = lk_scratch(rows * per * 2);
+    float *scratch = kb_scratch(rows * per * 2);
     if (!scratch) return -1;
     char *y = (char *)scratch, *n = y + rows * hidden * es, *g = n + rows * hidden * es;
     char *u = g + rows * inter * es;
@@ -171,13 +158,13 @@ int32_t leyline_layer_post(const int64_t *desc, const void *x, const void *attn,
 }
 """
 
-_SOURCE = linear_kernel._SOURCE + _GLUE
+_SOURCE = linear_kernel._SOURCE + kernel_build.SCRATCH_C + _GLUE
 
 
 class LayerKernel:
     """The loaded shared library (``linear_kernel``'s products and the glue)."""
 
-    def __init__(self, lib: ctypes.CDLL, path: Path, *, threaded: bool) -> None:
+    def __init__(self, lib: ctypes.CDLL, path: Path, threaded: bool) -> None:
         self.path = path
         self.threaded = threaded
         i64, ptr, i32, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, ctypes.c_float
@@ -332,19 +319,9 @@ def bind(layer: llama.LlamaDecoderLayer) -> FusedLayer | None:
 
 
 _kernel = kernel_build.LazyKernel(
-    "layer_kernel",
-    _SOURCE,
-    linear_kernel._flags,
-    lambda lib, path, threaded: LayerKernel(lib, path, threaded=threaded),
-    switch=_ENV_SWITCH,
+    "layer_kernel", _SOURCE, linear_kernel._flags, LayerKernel, switch=_ENV_SWITCH
 )
-
-
-def load() -> LayerKernel | None:
-    """The kernel, compiled and loaded on first use (once per process); None if unusable."""
-    return _kernel.load()
-
-
-def status() -> KernelStatus:
-    """Whether :func:`load` found a kernel, and the library's path or the reason."""
-    return _kernel.status()
+load = _kernel.load
+"""The kernel, compiled and loaded on first use (once per process); None if unusable."""
+status = _kernel.status
+"""Whether :func:`load` found a kernel, and the library's path or the reason."""

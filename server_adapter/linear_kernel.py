@@ -84,7 +84,8 @@ _ENV_SWITCH = "LEYLINE_LINEAR_KERNEL"
 _MIN_COLUMNS_PER_THREAD = 256
 """A layer with fewer output columns per thread runs on fewer threads (a fork costs more)."""
 
-_SOURCE = r"""
+_SOURCE = (
+    r"""
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdlib.h>
@@ -92,13 +93,12 @@ _SOURCE = r"""
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
-#ifdef __AMX_BF16__
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+"""
+    + kernel_build.AMX_C
+    + r"""
 
 /* A block is 16 * J output columns (J = 4: 64, J = 2: 32); a group of R <= 16 / J rows
    keeps R * J accumulators, at most 16 vector registers. */
@@ -330,16 +330,8 @@ int32_t leyline_linear_bf16_dot(void) {
    32 columns are two B tiles (16 pairs x 16 columns: 64 of each pair row's 128 bytes), so
    the 8 tiles hold C 2x2, A 2 and B 2. x rows are bf16, kp apart, zero past k and past
    the last row up to a multiple of 16 (rows_pad). */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} ll_tilecfg;
-
 /* 1 when this process may use the tile unit (Linux grants it on request, per process). */
-int32_t leyline_linear_amx_ready(void) {
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-}
+int32_t leyline_linear_amx_ready(void) { return kb_amx_request(); }
 
 static void ll_amx_block(const char *wb, int64_t kp, const uint16_t *xb, int64_t rows_pad,
                          float *out) {
@@ -402,16 +394,7 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
             memcpy(xb + i * kp, (const uint16_t *)x + i * x_stride, (size_t)k * 2);
 #pragma omp parallel num_threads(threads) if (threads > 1)
         {
-            ll_tilecfg cfg;
-            memset(&cfg, 0, sizeof cfg);
-            cfg.palette = 1;
-            for (int t = 0; t < 8; t++) {
-                cfg.colsb[t] = 64;
-                cfg.rows[t] = 16;
-            }
-            /* the barrier: GCC may otherwise drop the stores into cfg, which ldtilecfg reads */
-            __asm__ volatile("" : : "r"(&cfg) : "memory");
-            _tile_loadconfig(&cfg);
+            kb_tiles_configure(kb_full_tiles);
             int me = 0;
 #ifdef _OPENMP
             me = omp_get_thread_num();
@@ -494,6 +477,7 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
     return 0;
 }
 """
+)
 
 
 def _k_pad(packed: torch.Tensor, out_features: int, in_features: int, block: int) -> int | None:

@@ -80,19 +80,19 @@ class RunChooser:
         self.measured: dict[ShapeKey, tuple[float, float]] = {}
         """Per shape: the kernel's and torch's median seconds."""
 
-    def kernel_wins(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        keys: int | None = None,
-    ) -> bool:
+    def kernel_wins(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
         """Whether a run of ``query [1, heads, m, d]`` over ``key``/``value`` should go to
-        the kernel (the caller has checked the kernel takes it); ``keys``: every key the
-        run sees, over all its segments (default: ``key``'s)."""
+        the kernel (the caller has checked the kernel takes it)."""
+        return self.kernel_wins_over(query, key, value, key.shape[2])
+
+    def kernel_wins_over(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keys: int
+    ) -> bool:
+        """:meth:`kernel_wins` for a run that sees ``keys`` keys over all its segments
+        (``key``/``value``: one of them, for the shape)."""
         if self.mode != "auto":
             return self.mode == "kernel"
-        bucket = key_bucket(key.shape[2] if keys is None else keys)
+        bucket = key_bucket(keys)
         shape: ShapeKey = (
             key.dtype, query.shape[1], key.shape[1], query.shape[2], key.shape[3], value.shape[3],
             bucket,

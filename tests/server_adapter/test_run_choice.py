@@ -41,8 +41,8 @@ def test_the_faster_path_wins_and_each_shape_is_measured_once(
     assert chooser.calls == 1
     chooser.kernel_wins(*_run(torch.bfloat16))  # another dtype: another shape
     chooser.kernel_wins(*_run(m=4))  # another run length too
-    chooser.kernel_wins(q, k, v, keys=3000)  # another key-count bucket
-    chooser.kernel_wins(q, k, v, keys=4096)  # the same bucket as 3000
+    chooser.kernel_wins_over(q, k, v, 3000)  # another key-count bucket
+    chooser.kernel_wins_over(q, k, v, 4096)  # the same bucket as 3000
     assert chooser.calls == 4
     assert len(chooser.measured) == 4
 
