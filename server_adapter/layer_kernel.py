@@ -20,7 +20,9 @@ results equal the lean forward's to fp32 rounding (fp32) or within bf16 rounding
 
 It applies where ``lean_layers`` does, to a layer whose seven products all run on
 ``linear_kernel`` at the call's row count (bf16 on the tile unit: up to 32 rows; fp32: up to
-8), for a batch of one row sequence. ``LEYLINE_LAYER_KERNEL=0`` turns it off.
+8), rows counted over the batch (a batched decode step's rows are independent here: only
+the attention, left to the lean path, reads them per row). ``LEYLINE_LAYER_KERNEL=0``
+turns it off.
 """
 
 from __future__ import annotations
@@ -218,15 +220,17 @@ class FusedLayer:
     keep: tuple[nn.Module, ...]
     """The packed layers whose buffers the table points into."""
 
-    def takes(self, x: torch.Tensor) -> bool:
-        """Whether ``x [1, rows, hidden]`` goes through the fused calls: few rows, and no
-        forward hook on a product (a hooked layer runs its modules, so the hooks fire)."""
+    def takes(self, x: torch.Tensor, cos: torch.Tensor) -> bool:
+        """Whether ``x [batch, seq, hidden]`` goes through the fused calls (every row on
+        its own: a batched decode step's ``[B, 1]`` as one sequence's few tokens): few rows
+        in all, ``cos`` the position embeddings of each, and no forward hook on a product
+        (a hooked layer runs its modules, so the hooks fire)."""
         return (
             x.dim() == 3
-            and x.shape[0] == 1
-            and 0 < x.shape[1] <= self.max_rows
+            and 0 < x.shape[0] * x.shape[1] <= self.max_rows
             and x.dtype == self.dtype
             and x.is_contiguous()
+            and cos.shape[:2] == x.shape[:2]
             and not _hooked(self.keep)
         )
 
@@ -236,13 +240,14 @@ class FusedLayer:
     def pre(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries, keys (both rotated) and values of ``x [1, rows, hidden]`` as ``[1, rows,
-        heads, head_dim]``; ``cos``/``sin``: the model's position embeddings ``[1, rows,
-        head_dim]`` in its dtype."""
-        rows, hd = x.shape[1], self.head_dim
-        q = torch.empty(1, rows, self.heads, hd, dtype=x.dtype)
-        k = torch.empty(1, rows, self.kv_heads, hd, dtype=x.dtype)
-        v = torch.empty(1, rows, self.kv_heads, hd, dtype=x.dtype)
+        """Queries, keys (both rotated) and values of ``x [batch, seq, hidden]`` as
+        ``[batch, seq, heads, head_dim]``; ``cos``/``sin``: the model's position embeddings
+        ``[batch, seq, head_dim]`` (:meth:`takes`)."""
+        (batch, seq), hd = x.shape[:2], self.head_dim
+        rows = batch * seq
+        q = torch.empty(batch, seq, self.heads, hd, dtype=x.dtype)
+        k = torch.empty(batch, seq, self.kv_heads, hd, dtype=x.dtype)
+        v = torch.empty(batch, seq, self.kv_heads, hd, dtype=x.dtype)
         cos, sin = cos.to(x.dtype).contiguous(), sin.to(x.dtype).contiguous()
         rc = self.kernel._pre(
             self.table.buffer_info()[0], x.data_ptr(), rows, self.hidden,
@@ -255,11 +260,11 @@ class FusedLayer:
         return q, k, v
 
     def post(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """The layer's output for its input ``x [1, rows, hidden]`` and attention output
-        ``attn [1, rows, heads * head_dim]`` (contiguous)."""
+        """The layer's output for its input ``x [batch, seq, hidden]`` and attention
+        output ``attn [batch, seq, heads * head_dim]`` (contiguous)."""
         out = torch.empty_like(x)
         rc = self.kernel._post(
-            self.table.buffer_info()[0], x.data_ptr(), attn.data_ptr(), x.shape[1],
+            self.table.buffer_info()[0], x.data_ptr(), attn.data_ptr(), x.shape[0] * x.shape[1],
             self.hidden, self.inter, self.post_norm.data_ptr(), self.post_eps, out.data_ptr(),
             int(x.dtype == torch.bfloat16), self._threads(),
         )  # fmt: skip

@@ -94,7 +94,7 @@ def lean_forward(
         raise ValueError("a lean decoder layer needs the model's position embeddings")
     attn, mlp = self.self_attn, self.mlp
     fused: FusedLayer | None = self.__dict__.get(FUSED)
-    if fused is not None and fused.takes(hidden_states):  # a few rows: two foreign calls
+    if fused is not None and fused.takes(hidden_states, position_embeddings[0]):  # few rows
         q, k, v = fused.pre(hidden_states, *position_embeddings)
         query, key, value = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     else:

@@ -60,15 +60,20 @@ def _reference_layer(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 17, 32])
-def test_one_layer_equals_transformers_ops_within_rounding(dtype: torch.dtype, rows: int) -> None:
+@pytest.mark.parametrize(("batch", "rows"), [(1, 1), (1, 3), (1, 17), (1, 32), (4, 1), (3, 2)])
+def test_one_layer_equals_transformers_ops_within_rounding(
+    dtype: torch.dtype, batch: int, rows: int
+) -> None:
+    """A sequence's rows, or a batch's (a batched decode step: each row at its own
+    position)."""
     engine = _engine(dtype)
     layer = engine.model.model.layers[1]
     fused = layer.__dict__[FUSED]
     g = torch.Generator().manual_seed(rows)
-    x = torch.randn(1, rows, fused.hidden, generator=g).to(dtype)
-    positions = torch.arange(5, 5 + rows)[None]
+    x = torch.randn(batch, rows, fused.hidden, generator=g).to(dtype)
+    positions = torch.arange(5, 5 + rows)[None] + 7 * torch.arange(batch)[:, None]
     cos, sin = engine.model.model.rotary_emb(x, positions)
+    assert fused.takes(x, cos)
     with torch.no_grad():
         want = _reference_layer(layer, x, cos, sin)
         q, k, v = fused.pre(x, cos, sin)
@@ -99,10 +104,16 @@ def test_more_rows_than_the_kernel_takes_run_the_lean_forward() -> None:
     engine = _engine(torch.float32)
     fused = _fused(engine)[0]
     assert fused.max_rows == F32_ROWS  # fp32 products of up to 32 rows on linear_kernel
-    assert fused.takes(torch.zeros(1, F32_ROWS, fused.hidden))
-    assert not fused.takes(torch.zeros(1, F32_ROWS + 1, fused.hidden))
-    assert not fused.takes(torch.zeros(2, 1, fused.hidden))
-    assert not fused.takes(torch.zeros(1, 4, fused.hidden, dtype=torch.bfloat16))
+
+    def takes(batch: int, seq: int, dtype: torch.dtype = torch.float32) -> bool:
+        cos = torch.zeros(batch, seq, fused.head_dim)
+        return fused.takes(torch.zeros(batch, seq, fused.hidden, dtype=dtype), cos)
+
+    assert takes(1, F32_ROWS) and takes(F32_ROWS, 1) and takes(4, 8)
+    assert not takes(1, F32_ROWS + 1) and not takes(F32_ROWS + 1, 1)
+    assert not takes(1, 4, torch.bfloat16)
+    x = torch.zeros(3, 1, fused.hidden)  # position embeddings broadcast over the batch
+    assert not fused.takes(x, torch.zeros(1, 1, fused.head_dim))
 
 
 def test_a_hooked_product_runs_its_module_so_the_hook_fires() -> None:
@@ -112,12 +123,12 @@ def test_a_hooked_product_runs_its_module_so_the_hook_fires() -> None:
     seen: list[int] = []
     hook = layer.self_attn.k_proj.register_forward_hook(lambda *_a: seen.append(1))
     try:
-        assert not fused.takes(torch.zeros(1, 1, fused.hidden))
+        assert not fused.takes(torch.zeros(1, 1, fused.hidden), torch.zeros(1, 1, 32))
         session = SessionCache(engine)
         session.prefill(random_tokens(5, engine.vocab_size, seed=1))
     finally:
         hook.remove()
-    assert seen == [1] and fused.takes(torch.zeros(1, 1, fused.hidden))
+    assert seen == [1] and fused.takes(torch.zeros(1, 1, fused.hidden), torch.zeros(1, 1, 32))
 
 
 @contextmanager
