@@ -109,7 +109,8 @@ def _by_runs(
             and kernel.takes_run(q, k, v)
         ):
             causal = [seen - count + 1 + j for j in range(count)]  # a replacement: causal
-            outs.append(kernel.attend_runs([(q, k, v, causal)], scaling).to(query.dtype))
+            run_out = kernel.attend_runs([(q, k, v, causal)], scaling, checked=True)
+            outs.append(run_out.to(query.dtype))
             continue
         m = None if end - first == 1 else mask[..., first:end, :seen]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scaling, enable_gqa=gqa)

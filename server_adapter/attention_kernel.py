@@ -1229,12 +1229,19 @@ class AttentionKernel:
         shape (measured once: on a Xeon with AMX torch's bf16 kernel wins)."""
 
     def attend(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        scale: float | None,
+        *,
+        checked: bool = False,
     ) -> torch.Tensor:
         """``softmax(q k^T * scale) v`` over every key (no mask), ``[1, heads, 1, dv]`` in
         the query's dtype (SDPA's layout); ``scale`` defaults to ``d ** -0.5``. Raises
-        ``ValueError`` for tensors :func:`eligible` refuses."""
-        out, _ = self.attend_segments([(query, key, value)], scale, with_lse=False)
+        ``ValueError`` for tensors :func:`eligible` refuses (``checked``: the caller has
+        just asked :func:`eligible`, so it is not asked again)."""
+        out, _ = self.attend_segments([(query, key, value)], scale, checked=checked)
         return out.to(query.dtype)
 
     def use_tiles(self, on: bool) -> bool:
@@ -1249,16 +1256,20 @@ class AttentionKernel:
         scale: float | None,
         *,
         with_lse: bool = False,
+        checked: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One query's attention over the union of several key segments, each ``(query,
         key, value)`` with its own query (e.g. rotated for that segment), in one call:
         fp32 ``[1, heads, 1, dv]`` and, ``with_lse``, the log-sum-exp ``[1, heads, 1]``.
-        Every segment must be :func:`eligible`, all with the same heads, widths and dtype."""
+        Every segment must be :func:`eligible` (``checked``: the caller has just asked, so
+        it is not asked again), all with the same heads, widths and dtype."""
         first_q, first_k, first_v = segments[0]
         heads, d = first_q.shape[1], first_q.shape[3]
         kv_heads, dv, dtype = first_k.shape[1], first_v.shape[3], first_k.dtype
         for q, k, v in segments:
-            if not eligible(q, k, v) or (q.shape[1], k.shape[1], v.shape[3], k.dtype) != (
+            if not (checked or eligible(q, k, v)) or (
+                q.shape[1], k.shape[1], v.shape[3], k.dtype
+            ) != (
                 heads, kv_heads, dv, dtype
             ):  # fmt: skip
                 raise ValueError("tensors not eligible for the attention kernel")
@@ -1326,20 +1337,26 @@ class AttentionKernel:
         self,
         segments: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, Sequence[int]]],
         scale: float | None,
+        *,
+        checked: bool = False,
     ) -> torch.Tensor:
         """A run of ``m`` queries over several key segments, each ``(query [1, heads, m, d],
         key, value, seen)`` with its own query and ``seen[j]``, how many of the segment's
         first keys query ``j`` sees (0 to its length): per query, the softmax over the union
         of what it sees, in one call; fp32 ``[1, heads, m, dv]``. A causal run of queries at
         the last ``m`` positions of a cache of ``n`` sees ``n - m + 1 + j``. Every segment
-        must be :func:`run_eligible`, all alike, and every query must see a key."""
+        must be :func:`run_eligible` (``checked``: the caller has just asked, through
+        :meth:`takes_run`), all alike, and every query must see a key."""
         first_q, first_k, first_v, _ = segments[0]
         heads, m, d = first_q.shape[1], first_q.shape[2], first_q.shape[3]
         kv_heads, dv, dtype = first_k.shape[1], first_v.shape[3], first_k.dtype
         for q, k, v, seen in segments:
-            if not run_eligible(q, k, v) or (q.shape[1:3], k.shape[1], v.shape[3], k.dtype) != (
-                (heads, m), kv_heads, dv, dtype
-            ):  # fmt: skip
+            if not (checked or run_eligible(q, k, v)) or (
+                q.shape[1:3],
+                k.shape[1],
+                v.shape[3],
+                k.dtype,
+            ) != ((heads, m), kv_heads, dv, dtype):
                 raise ValueError("tensors not eligible for the attention kernel")
             if len(seen) != m or not all(0 <= x <= k.shape[2] for x in seen):
                 raise ValueError(f"seen: {m} counts within the segment's {k.shape[2]} keys")

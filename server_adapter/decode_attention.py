@@ -55,7 +55,7 @@ def single_query_attention(
     tensors (never slower than the products), else :func:`matmul_attention`."""
     kernel = attention_kernel.load()
     if kernel is not None and attention_kernel.eligible(query, key, value):
-        return kernel.attend(query, key, value, scale)
+        return kernel.attend(query, key, value, scale, checked=True)
     return matmul_attention(query, key, value, scale)
 
 

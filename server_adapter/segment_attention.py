@@ -110,7 +110,7 @@ def segmented_attention(
             and run.end - run.first == 1
             and all(attention_kernel.eligible(*seg) for seg in segments)
         ):  # a lone query (the last token): every segment in one kernel call
-            out, _ = kernel.attend_segments(segments, scale)
+            out, _ = kernel.attend_segments(segments, scale, checked=True)
             outs.append(out.to(query.dtype))
             continue
         run_keys = sum(seg[1].shape[2] for seg in segments)
@@ -123,7 +123,7 @@ def segmented_attention(
             seen = [[seg[1].shape[2]] * m for seg in segments[:-1]]
             seen.append([n - m + 1 + j for j in range(m)])
             with_seen = [(*seg, c) for seg, c in zip(segments, seen, strict=True)]
-            outs.append(kernel.attend_runs(with_seen, scale).to(query.dtype))
+            outs.append(kernel.attend_runs(with_seen, scale, checked=True).to(query.dtype))
             continue
         mask = None
         if run.end - run.first > 1 and side_mask is not None:

@@ -220,9 +220,11 @@ def test_the_engine_sends_a_replacement_run_to_the_kernel(
     calls: list[int] = []
     real = AttentionKernel.attend_runs
 
-    def spy(self: AttentionKernel, segments: list[Segment], scale: float | None) -> torch.Tensor:
+    def spy(
+        self: AttentionKernel, segments: list[Segment], scale: float | None, *, checked: bool
+    ) -> torch.Tensor:
         calls.append(segments[0][0].shape[2])
-        return real(self, segments, scale)
+        return real(self, segments, scale, checked=checked)
 
     monkeypatch.setattr(AttentionKernel, "attend_runs", spy)
     got = attention._by_runs(query, keys, values, mask, None, runs)
@@ -261,9 +263,11 @@ def test_an_in_place_replacement_takes_one_call_equal_to_the_merged_segments(
     calls: list[int] = []
     real = AttentionKernel.attend_runs
 
-    def spy(self: AttentionKernel, segments: list[Segment], scale: float | None) -> torch.Tensor:
+    def spy(
+        self: AttentionKernel, segments: list[Segment], scale: float | None, *, checked: bool
+    ) -> torch.Tensor:
         calls.append(len(segments))
-        return real(self, segments, scale)
+        return real(self, segments, scale, checked=checked)
 
     monkeypatch.setattr(AttentionKernel, "attend_runs", spy)
     for kept_now, expect_call in ((kept, True), (kept[1:], False)):  # 716 keys, then 116
