@@ -20,7 +20,7 @@ results equal the lean forward's to fp32 rounding (fp32) or within bf16 rounding
 
 It applies where ``lean_layers`` does, to a layer whose seven products all run on
 ``linear_kernel`` at the call's row count (bf16 on the tile unit: up to 32 rows; fp32: up to
-8), rows counted over the batch (a batched decode step's rows are independent here: only
+32), rows counted over the batch (a batched decode step's rows are independent here: only
 the attention, left to the lean path, reads them per row). ``LEYLINE_LAYER_KERNEL=0``
 turns it off.
 """
@@ -178,7 +178,7 @@ class LayerKernel:
         post.argtypes = [ptr, ptr, ptr, i64, i64, i64, ptr, f32, ptr, i32, i32]
         post.restype = i32
         self._pre, self._post = pre, post
-        self.amx = bool(lib.leyline_linear_amx_ready())
+        lib.leyline_linear_amx_ready()  # its products may use the tile unit: ask for it here too
 
 
 def _hooked(modules: tuple[nn.Module, ...]) -> bool:
