@@ -106,6 +106,12 @@ _SOURCE = (
 /* Bytes of a block read ahead by software prefetch: the hardware prefetcher alone leaves
    a few-row product 15-20% short of what it reaches with it (measured, bf16, 1-8 rows). */
 #define LL_AHEAD 8192
+/* fp32 with three row groups or more on each slice: bytes ahead prefetched into L2 instead,
+   two slices of a 64-column block. The first group of a slice then finds it in L2 rather
+   than stalling on memory while the others compute: 17-32 rows 1.1x faster over SmolLM2's
+   layers on a Xeon with AMX; with one or two groups the near L1 prefetch is as fast or
+   faster (measured, 2026-12-06, docs/perf.md). */
+#define LL_FAR (2 * LL_KSLICE * 64 * 4)
 /* Reduction entries per slice when several row groups share a block (even: bf16 pairs). */
 #ifndef LL_KSLICE
 #define LL_KSLICE 64
@@ -167,7 +173,7 @@ static void ll_store_row(const float *out, int64_t cols, const void *bias, void 
 /* out[i][0..16J) = sum_k x[i][k] * W[k][block col] for R rows; x rows are fp32, kp apart. */
 static inline __attribute__((always_inline)) void ll_block_f32(
     const float *w, int64_t k, const float *x, int64_t kp, float *out, const int R,
-    const int J, int more, int line) {
+    const int J, int more, int line, int far) {
     const int B = 16 * J;
 #ifdef __AVX512F__
     __m512 a[LL_ACC];
@@ -176,7 +182,10 @@ static inline __attribute__((always_inline)) void ll_block_f32(
             a[i * J + j] = more ? _mm512_loadu_ps(out + i * B + 16 * j) : _mm512_setzero_ps();
     for (int64_t t = 0; t < k; t++) {
         const float *wt = w + t * B;
-        _mm_prefetch((const char *)wt + LL_AHEAD + line, _MM_HINT_T0);
+        if (far)
+            _mm_prefetch((const char *)wt + LL_FAR + line, _MM_HINT_T1);
+        else
+            _mm_prefetch((const char *)wt + LL_AHEAD + line, _MM_HINT_T0);
         __m512 wv[4];
         for (int j = 0; j < J; j++) wv[j] = _mm512_loadu_ps(wt + 16 * j);
         for (int i = 0; i < R; i++) {
@@ -188,6 +197,7 @@ static inline __attribute__((always_inline)) void ll_block_f32(
         for (int j = 0; j < J; j++) _mm512_storeu_ps(out + i * B + 16 * j, a[i * J + j]);
 #else
     (void)line;
+    (void)far;
     for (int i = 0; i < R; i++) {
         float acc[64] = {0};
         if (more) memcpy(acc, out + i * B, (size_t)B * sizeof(float));
@@ -295,7 +305,7 @@ static inline __attribute__((always_inline)) void ll_block_dpbf16(
     if (J == 4) { LL_ROWS4(CALL, 4) } else { LL_ROWS8(CALL, 2) }
 
 static void ll_block(int bf16, const void *w, int64_t k, const float *x, const uint16_t *xb,
-                     int64_t kp, float *out, int r, int J, int more, int line) {
+                     int64_t kp, float *out, int r, int J, int more, int line, int far) {
     if (bf16) {
         const uint16_t *wb = (const uint16_t *)w;
 #ifdef __AVX512BF16__
@@ -310,7 +320,7 @@ static void ll_block(int bf16, const void *w, int64_t k, const float *x, const u
         LL_DISPATCH(LL_WIDE)
     } else {
         const float *wf = (const float *)w;
-#define LL_F32(R, JJ) ll_block_f32(wf, k, x, kp, out, R, JJ, more, line)
+#define LL_F32(R, JJ) ll_block_f32(wf, k, x, kp, out, R, JJ, more, line, far)
         LL_DISPATCH(LL_F32)
     }
 }
@@ -439,6 +449,7 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
        the prefetching of its cache lines. The sums run in the same order either way. */
     const int64_t slice = rows > group ? LL_KSLICE : k;
     const int lines = block * (int)es / 64; /* cache lines per reduction entry (pair) */
+    const int far = !bf16 && block == 64 && rows > 2 * group; /* LL_FAR */
     float *outs = (float *)malloc((size_t)threads * (size_t)(rows * block) * sizeof(float));
     if (!outs) {
         free(xf);
@@ -463,7 +474,8 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
                     int r = rows - i0 < group ? (int)(rows - i0) : group;
                     int line = (int)((i0 / group) % lines) * 64;
                     ll_block(bf16, wb + t0 * block * es, tn, xf + i0 * kp + t0,
-                             xb + i0 * kp + t0, kp, out + i0 * block, r, J, t0 > 0, line);
+                             xb + i0 * kp + t0, kp, out + i0 * block, r, J, t0 > 0, line,
+                             far);
                 }
             }
             for (int64_t i = 0; i < rows; i++)
