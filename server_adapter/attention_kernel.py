@@ -103,6 +103,10 @@ static int ll_amx; /* the OS granted this process the tile state */
 #define LL_MAX_GROUP 16
 #define LL_CHUNK 128
 #define LL_MAX_TASKS 4096
+/* Tasks a call cuts per thread, taken dynamically: segments of unequal length (a splice's
+   prefix, moved downstream and side entries) cut into about two per thread and split
+   statically left one thread with twice the other's keys in a replacement's runs. */
+#define LL_TASKS_PER_THREAD 4
 #define LL_STAGE (LL_CHUNK * 128)
 
 static inline float ll_widen(uint16_t h) {
@@ -436,8 +440,9 @@ int leyline_single_query_segments(int32_t s, const float *q, int64_t heads, int6
         total += n[i];
     }
     size_t es = bf16 ? 2 : 4;
-    /* about two tasks per thread over all heads and segments, none shorter than 256 keys */
-    int64_t per = ((int64_t)threads * 2 + kv - 1) / kv;
+    /* about four tasks per thread over all heads and segments, none shorter than 256 keys,
+       each taken by the next thread free (LL_TASKS_PER_THREAD) */
+    int64_t per = ((int64_t)threads * LL_TASKS_PER_THREAD + kv - 1) / kv;
     int64_t seg = (total + per - 1) / per;
     if (seg < 256) seg = 256;
     int64_t tasks = 0;
@@ -460,7 +465,7 @@ int leyline_single_query_segments(int32_t s, const float *q, int64_t heads, int6
                 task_of[3 * t + 1] = h;
                 task_of[3 * t + 2] = lo;
             }
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t i = task_of[3 * task], h = task_of[3 * task + 1], lo = task_of[3 * task + 2];
         int64_t hi = lo + seg < n[i] ? lo + seg : n[i];
@@ -1043,7 +1048,7 @@ int leyline_query_run_segments(int32_t s, const float *q, int64_t heads, int64_t
         total += n[i];
     }
     size_t es = bf16 ? 2 : 4;
-    int64_t per = ((int64_t)threads * 2 + kv - 1) / kv;
+    int64_t per = ((int64_t)threads * LL_TASKS_PER_THREAD + kv - 1) / kv;
     int64_t seg = (total + per - 1) / per;
     if (seg < 256) seg = 256;
     int64_t tasks = 0;
@@ -1083,7 +1088,7 @@ int leyline_query_run_segments(int32_t s, const float *q, int64_t heads, int64_t
 #else
         float *mine = staged;
 #endif
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             int64_t i = task_of[3 * task], h = task_of[3 * task + 1], lo = task_of[3 * task + 2];
             int64_t hi = lo + seg < n[i] ? lo + seg : n[i];
