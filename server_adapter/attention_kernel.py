@@ -1318,11 +1318,13 @@ class AttentionKernel:
         key: torch.Tensor,
         value: torch.Tensor,
         keys: int | None = None,
+        parts: int = 1,
     ) -> bool:
         """Whether a run of queries is worth sending here rather than to torch's flash
         kernel: :func:`run_eligible`, on the vectorised path, at least two queries, and
         measured faster than torch's for this shape and number of keys on this CPU
-        (``run_choice``); ``keys``: all the run sees over its segments (default: ``key``'s)."""
+        (``run_choice``); ``keys``: all the run sees over its ``parts`` segments (default:
+        ``key``'s, one segment)."""
         d, dv = query.shape[-1], value.shape[-1]
         return (
             self.runs_vectorised
@@ -1334,7 +1336,7 @@ class AttentionKernel:
             and dv <= 128
             and run_eligible(query, key, value)
             and self.run_choice.kernel_wins_over(
-                query, key, value, key.shape[2] if keys is None else keys
+                query, key, value, key.shape[2] if keys is None else keys, parts
             )
         )
 

@@ -14,6 +14,13 @@ after the kernel scored on the tile unit too: tied at 1k keys, the kernel 1.4x f
 of that shape and bucket takes the faster. Both paths compute the same attention to fp32
 rounding; only the time differs.
 
+A run that reads several key segments (an in-place splice's replacement: the kept prefix and
+its own side entries, ``segment_attention``) costs torch more than one masked call: each
+segment is attended on its own and the parts merged by their log-sum-exp. Such runs are
+measured apart, with both arms doing that (two segments, torch's arm through
+``segment_attention``'s own functions); the one-segment measurement had sent them to torch
+where the kernel was faster (16 queries over about 1k keys, fp32: a 4k splice 1.04x slower).
+
 ``LEYLINE_ATTENTION_RUNS`` overrides: ``kernel`` (always the kernel where it takes the run),
 ``torch`` (never), ``auto`` (the default: measured).
 """
@@ -39,9 +46,14 @@ MAX_BUCKET_KEYS = 16384
 CALIBRATION_CALLS = 7
 """Timed calls per arm, interleaved after one warm-up each (medians compared)."""
 
-ShapeKey = tuple[torch.dtype, int, int, int, int, int, int]
+ShapeKey = tuple[torch.dtype, int, int, int, int, int, int, int]
 """dtype, query heads, kv heads, queries in the run, key width, value width, key-count
-bucket (:func:`key_bucket`)."""
+bucket (:func:`key_bucket`), key segments (1, or 2 for several: :func:`parts_key`)."""
+
+
+def parts_key(parts: int) -> int:
+    """The segment count a run's measurement is taken at: 1, or 2 for any more."""
+    return 1 if parts <= 1 else 2
 
 
 def key_bucket(keys: int) -> int:
@@ -86,16 +98,21 @@ class RunChooser:
         return self.kernel_wins_over(query, key, value, key.shape[2])
 
     def kernel_wins_over(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keys: int
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        keys: int,
+        parts: int = 1,
     ) -> bool:
-        """:meth:`kernel_wins` for a run that sees ``keys`` keys over all its segments
-        (``key``/``value``: one of them, for the shape)."""
+        """:meth:`kernel_wins` for a run that sees ``keys`` keys over all its ``parts``
+        segments (``key``/``value``: one of them, for the shape)."""
         if self.mode != "auto":
             return self.mode == "kernel"
         bucket = key_bucket(keys)
         shape: ShapeKey = (
             key.dtype, query.shape[1], key.shape[1], query.shape[2], key.shape[3], value.shape[3],
-            bucket,
+            bucket, parts_key(parts),
         )  # fmt: skip
         times = self.measured.get(shape)
         if times is None:
@@ -104,7 +121,7 @@ class RunChooser:
 
     def measure(self, shape: ShapeKey) -> tuple[float, float]:
         """Median seconds of the kernel's and torch's path for one run of ``shape``."""
-        dtype, heads, kv_heads, m, d, dv, n = shape
+        dtype, heads, kv_heads, m, d, dv, n, parts = shape
         g = torch.Generator().manual_seed(0)
         q = torch.randn(1, heads, m, d, generator=g).to(dtype)
         k = torch.randn(1, kv_heads, n, d, generator=g).to(dtype)
@@ -119,6 +136,8 @@ class RunChooser:
                 q, k, v, 0.0, False, attn_mask=mask
             ),
         }
+        if parts > 1:
+            arms = self._segmented_arms(q, k, v, m)
         samples: dict[str, list[float]] = {name: [] for name in arms}
         for fn in arms.values():
             fn()  # warm-up: first-call allocations, thread pools
@@ -128,3 +147,24 @@ class RunChooser:
                 fn()
                 samples[name].append(time.perf_counter() - t0)
         return statistics.median(samples["kernel"]), statistics.median(samples["torch"])
+
+    def _segmented_arms(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: int
+    ) -> dict[str, Callable[[], object]]:
+        """Both paths for a run over two segments, as ``segment_attention`` runs them: the
+        first ``n - m`` keys seen whole, the last ``m`` (the run's own) causally."""
+        from .segment_attention import attend_part, merge_parts  # imports this module
+
+        n = k.shape[2]
+        head = (k[:, :, : n - m], v[:, :, : n - m])
+        own = (k[:, :, n - m :], v[:, :, n - m :])
+        causal = torch.zeros(1, 1, m, m, dtype=q.dtype)
+        causal.masked_fill_(torch.ones(m, m, dtype=torch.bool).triu(1), float("-inf"))
+        segments = [(q, *head, [n - m] * m), (q, *own, [j + 1 for j in range(m)])]
+
+        def by_torch() -> object:
+            return merge_parts(
+                [attend_part(q, *head, None, None), attend_part(q, *own, causal, None)]
+            )
+
+        return {"kernel": lambda: self.kernel.attend_runs(segments, None), "torch": by_torch}

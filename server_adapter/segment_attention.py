@@ -117,7 +117,7 @@ def segmented_attention(
         if (
             run_keys >= attention_kernel.RUN_MIN_KEYS
             and kernel is not None
-            and all(kernel.takes_run(*seg, keys=run_keys) for seg in segments)
+            and all(kernel.takes_run(*seg, run_keys, len(segments)) for seg in segments)
         ):
             m = run.end - run.first  # kept segments whole, the side entries causally
             seen = [[seg[1].shape[2]] * m for seg in segments[:-1]]

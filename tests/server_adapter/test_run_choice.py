@@ -44,7 +44,10 @@ def test_the_faster_path_wins_and_each_shape_is_measured_once(
     chooser.kernel_wins_over(q, k, v, 3000)  # another key-count bucket
     chooser.kernel_wins_over(q, k, v, 4096)  # the same bucket as 3000
     assert chooser.calls == 4
-    assert len(chooser.measured) == 4
+    chooser.kernel_wins_over(q, k, v, 700, parts=2)  # a run over two segments: apart
+    chooser.kernel_wins_over(q, k, v, 700, parts=3)  # any more share it
+    assert chooser.calls == 5
+    assert len(chooser.measured) == 5
 
 
 def test_key_buckets_are_powers_of_two_within_their_bounds() -> None:
@@ -79,17 +82,17 @@ def test_a_real_measurement_times_both_paths_and_takes_runs_follows_it() -> None
         pytest.skip("no vectorised query runs on this CPU: torch's kernel takes every run")
     chooser = RunChooser(kernel, "auto")
     q, k, v = _run(torch.bfloat16)
-    kernel_s, torch_s = chooser.measure((torch.bfloat16, 9, 3, 16, 64, 64, 1024))
+    kernel_s, torch_s = chooser.measure((torch.bfloat16, 9, 3, 16, 64, 64, 1024, 1))
     assert kernel_s > 0 and torch_s > 0
     was = kernel.run_choice
     try:
         kernel.run_choice = chooser
-        chooser.measured[(torch.bfloat16, 9, 3, 16, 64, 64, 1024)] = (1.0, 2.0)
+        chooser.measured[(torch.bfloat16, 9, 3, 16, 64, 64, 1024, 1)] = (1.0, 2.0)
         assert kernel.takes_run(q, k, v)
-        chooser.measured[(torch.bfloat16, 9, 3, 16, 64, 64, 1024)] = (2.0, 1.0)
+        chooser.measured[(torch.bfloat16, 9, 3, 16, 64, 64, 1024, 1)] = (2.0, 1.0)
         assert not kernel.takes_run(q, k, v)
         # a run seeing 2k keys over its segments is another bucket, measured on its own
-        chooser.measured[(torch.bfloat16, 9, 3, 16, 64, 64, 2048)] = (1.0, 2.0)
+        chooser.measured[(torch.bfloat16, 9, 3, 16, 64, 64, 2048, 1)] = (1.0, 2.0)
         assert kernel.takes_run(q, k, v, keys=2000)
     finally:
         kernel.run_choice = was
@@ -111,3 +114,22 @@ def test_both_paths_give_the_same_attention() -> None:
         q, k, v, 0.0, False, attn_mask=mask
     )
     assert (by_kernel - by_torch).abs().max() < 1e-5
+
+
+def test_a_segmented_run_is_timed_as_segment_attention_runs_it() -> None:
+    """Several segments: torch's arm attends each and merges them, the kernel's takes them
+    in one call; both compute the run's attention over the whole cache."""
+    kernel = attention_kernel.load()
+    if kernel is None or not kernel.runs_vectorised:
+        pytest.skip("no vectorised query runs on this CPU")
+    chooser = RunChooser(kernel, "auto")
+    q, k, v = _run()
+    n, m = k.shape[2], q.shape[2]
+    arms = chooser._segmented_arms(q, k, v, m)
+    whole = kernel.attend_runs([(q, k, v, [n - m + 1 + j for j in range(m)])], None)
+    for name, arm in arms.items():
+        out = arm()
+        assert isinstance(out, torch.Tensor), name
+        assert (out.float() - whole).abs().max() < 1e-5, name
+    kernel_s, torch_s = chooser.measure((torch.float32, 9, 3, m, 64, 64, 1024, 2))
+    assert kernel_s > 0 and torch_s > 0
