@@ -47,6 +47,7 @@ SHAPES = [
     (8, 8, 24, 16, 300),  # no grouping, widths that are not multiples of 16
     (4, 1, 32, 32, 1),  # one key
     (6, 2, 8, 8, 77),
+    (6, 2, 32, 48, 129),  # 512-bit rows: a value width off 64 columns, an odd key tail
     (4, 2, 20, 12, 333),  # widths off the 8-lane paths: scalar scores, a value tail of 4
     (16, 16, 192, 128, 600),  # MLA's decompressed heads: key 192 (nope 128 + rope 64), value 128
 ]
