@@ -305,29 +305,22 @@ LL_INLINE void ll_scores16(const float *q, int64_t d, const char *rows, int64_t 
     int64_t t = 0;
     for (; t + 8 <= cn; t += 8) {
         const char *r = rows + t * bytes;
-        __m512 k0 = _mm512_setzero_ps(), k1 = k0, k2 = k0, k3 = k0;
-        __m512 k4 = k0, k5 = k0, k6 = k0, k7 = k0;
+        __m512 k[8];
+        for (int u = 0; u < 8; u++) k[u] = _mm512_setzero_ps();
         for (int64_t j = 0; j < d; j += 16) {
             __m512 qv = _mm512_loadu_ps(q + j);
-            k0 = _mm512_fmadd_ps(qv, ll_load16(r, j, bf16), k0);
-            k1 = _mm512_fmadd_ps(qv, ll_load16(r + bytes, j, bf16), k1);
-            k2 = _mm512_fmadd_ps(qv, ll_load16(r + 2 * bytes, j, bf16), k2);
-            k3 = _mm512_fmadd_ps(qv, ll_load16(r + 3 * bytes, j, bf16), k3);
-            k4 = _mm512_fmadd_ps(qv, ll_load16(r + 4 * bytes, j, bf16), k4);
-            k5 = _mm512_fmadd_ps(qv, ll_load16(r + 5 * bytes, j, bf16), k5);
-            k6 = _mm512_fmadd_ps(qv, ll_load16(r + 6 * bytes, j, bf16), k6);
-            k7 = _mm512_fmadd_ps(qv, ll_load16(r + 7 * bytes, j, bf16), k7);
+            for (int u = 0; u < 8; u++)
+                k[u] = _mm512_fmadd_ps(qv, ll_load16(r + u * bytes, j, bf16), k[u]);
         }
-        __m512 b01 = _mm512_add_ps(_mm512_unpacklo_ps(k0, k1), _mm512_unpackhi_ps(k0, k1));
-        __m512 b23 = _mm512_add_ps(_mm512_unpacklo_ps(k2, k3), _mm512_unpackhi_ps(k2, k3));
-        __m512 b45 = _mm512_add_ps(_mm512_unpacklo_ps(k4, k5), _mm512_unpackhi_ps(k4, k5));
-        __m512 b67 = _mm512_add_ps(_mm512_unpacklo_ps(k6, k7), _mm512_unpackhi_ps(k6, k7));
-        __m512d x01 = _mm512_castps_pd(b01), x23 = _mm512_castps_pd(b23);
-        __m512d x45 = _mm512_castps_pd(b45), x67 = _mm512_castps_pd(b67);
-        __m512 c0 = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x01, x23)),
-                                  _mm512_castpd_ps(_mm512_unpackhi_pd(x01, x23)));
-        __m512 c1 = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x45, x67)),
-                                  _mm512_castpd_ps(_mm512_unpackhi_pd(x45, x67)));
+        __m512d x[4]; /* pairs of keys: within each 128-bit lane [a02 b02 a13 b13] */
+        for (int u = 0; u < 4; u++)
+            x[u] = _mm512_castps_pd(_mm512_add_ps(_mm512_unpacklo_ps(k[2 * u], k[2 * u + 1]),
+                                                  _mm512_unpackhi_ps(k[2 * u], k[2 * u + 1])));
+        /* quads: each 128-bit lane holds keys 0-3 (c0) or 4-7 (c1), summed over its lanes */
+        __m512 c0 = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x[0], x[1])),
+                                  _mm512_castpd_ps(_mm512_unpackhi_pd(x[0], x[1])));
+        __m512 c1 = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x[2], x[3])),
+                                  _mm512_castpd_ps(_mm512_unpackhi_pd(x[2], x[3])));
         __m512 e = _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, _MM_SHUFFLE(2, 0, 2, 0)),
                                  _mm512_shuffle_f32x4(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
         __m512 f = _mm512_add_ps(_mm512_shuffle_f32x4(e, e, _MM_SHUFFLE(2, 0, 2, 0)),
@@ -458,6 +451,25 @@ static int ll_segment_tiles(const float *q, int64_t group, int64_t d, int64_t dv
                             int64_t lo, int64_t hi, ll_stats *st, float *acc);
 #endif
 
+/* One chunk's scores, softmax fold and weighted values, on SCORES / ACCUMULATE (bf16 as a
+   constant, so each inlines its own loads). */
+#define LL_CHUNK_PASS(SCORES, ACCUMULATE)                                                    \
+    do {                                                                                    \
+        for (int64_t i = 0; i < group; i++) {                                               \
+            if (bf16)                                                                       \
+                SCORES(q + i * d, d, k + c0 * kb, kb, cn, scale, s[i], 1);                  \
+            else                                                                            \
+                SCORES(q + i * d, d, k + c0 * kb, kb, cn, scale, s[i], 0);                  \
+        }                                                                                   \
+        ll_fold(st, s, group, cn, dv, acc);                                                 \
+        for (int64_t i = 0; i < group; i++) {                                               \
+            if (bf16)                                                                       \
+                ACCUMULATE(s[i], v + c0 * vb, vb, cn, dv, acc + i * dv, 1);                 \
+            else                                                                            \
+                ACCUMULATE(s[i], v + c0 * vb, vb, cn, dv, acc + i * dv, 0);                 \
+        }                                                                                   \
+    } while (0)
+
 static void ll_segment(const float *q, int64_t group, int64_t d, int64_t dv, float scale,
                        const char *k, int64_t k_tok, const char *v, int64_t v_tok, int bf16,
                        int64_t lo, int64_t hi, ll_stats *st, float *acc) {
@@ -489,35 +501,11 @@ static void ll_segment(const float *q, int64_t group, int64_t d, int64_t dv, flo
                 _mm_prefetch(v + (c0 + cn) * vb + b, _MM_HINT_T0);
 #if LL_V512
             if (wide) {
-                for (int64_t i = 0; i < group; i++) {
-                    if (bf16)
-                        ll_scores16(q + i * d, d, k + c0 * kb, kb, cn, scale, s[i], 1);
-                    else
-                        ll_scores16(q + i * d, d, k + c0 * kb, kb, cn, scale, s[i], 0);
-                }
-                ll_fold(st, s, group, cn, dv, acc);
-                for (int64_t i = 0; i < group; i++) {
-                    if (bf16)
-                        ll_accumulate16(s[i], v + c0 * vb, vb, cn, dv, acc + i * dv, 1);
-                    else
-                        ll_accumulate16(s[i], v + c0 * vb, vb, cn, dv, acc + i * dv, 0);
-                }
+                LL_CHUNK_PASS(ll_scores16, ll_accumulate16);
                 continue;
             }
 #endif
-            for (int64_t i = 0; i < group; i++) {
-                if (bf16)
-                    ll_scores8(q + i * d, d, k + c0 * kb, kb, cn, scale, s[i], 1);
-                else
-                    ll_scores8(q + i * d, d, k + c0 * kb, kb, cn, scale, s[i], 0);
-            }
-            ll_fold(st, s, group, cn, dv, acc);
-            for (int64_t i = 0; i < group; i++) {
-                if (bf16)
-                    ll_accumulate8(s[i], v + c0 * vb, vb, cn, dv, acc + i * dv, 1);
-                else
-                    ll_accumulate8(s[i], v + c0 * vb, vb, cn, dv, acc + i * dv, 0);
-            }
+            LL_CHUNK_PASS(ll_scores8, ll_accumulate8);
         }
         return;
     }
