@@ -8,7 +8,9 @@ packed buffer (no second copy of the weights) and holds an output block of 64 (o
 columns of up to four (or eight) rows in registers while it walks the reduction dimension,
 prefetching 8 KB ahead, so every weight byte comes from memory once per call, whatever the
 row count: a group of rows reads an output block from memory, the next group finds it in
-L2.
+L2. With three groups or more on a slice of the reduction (fp32, 9-32 rows: a splice's
+pass), the prefetch goes two slices ahead into L2 instead, so the first group no longer
+waits on memory while the others compute (``LL_FAR``).
 
 The layout is the one oneDNN picks for these weights with a row hint of 64 on an AVX-512
 CPU (measured, not documented): output blocks of B columns, each ``[K_pad][B]`` for fp32
