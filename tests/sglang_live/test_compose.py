@@ -51,7 +51,13 @@ def _register(server: httpx.Client, skill: str, tokens: list[int]) -> dict[str, 
 
 def _turn_top(server: httpx.Client, session: str, tokens: list[int]) -> tuple[dict, dict]:
     """A completion turn on ``session`` with ``tokens`` as its prompt (one greedy token,
-    top-20 logprobs): SGLang's distribution, by token id, and the turn's ``leyline`` report."""
+    top-20 logprobs): SGLang's distribution, by token id, and the turn's ``leyline`` report.
+
+    The completions API keys its top logprobs by text, so each text is tokenized back to an
+    id. Texts holding U+FFFD are skipped: in SmolLM2's vocabulary 314 byte tokens print as
+    it and its text tokenizes to one other id (24211), so such an entry would pair one
+    token's logprob with another's (a random-weight model puts byte tokens in its top 20:
+    a spurious 8.3 nats in one CI run)."""
     body = {
         "prompt": tokens, "max_tokens": 1, "temperature": 0, "logprobs": 20,
         "leyline": {"session": session},
@@ -61,6 +67,8 @@ def _turn_top(server: httpx.Client, session: str, tokens: list[int]) -> tuple[di
     out = reply.json()
     top: dict[int, float] = {}
     for text, logprob in out["choices"][0]["logprobs"]["top_logprobs"][0].items():
+        if "\ufffd" in text:
+            continue  # a byte token's text: ambiguous (docstring)
         ids = server.post(Routes.tokenize, json={"text": text}).json()["tokens"]
         if len(ids) == 1:  # texts that name one token unambiguously
             top[int(ids[0])] = float(logprob)
