@@ -111,10 +111,16 @@ void leyline_layer_exp(const float *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = lk_exp(x[i]);
 }
 
+/* The threads a product takes: one per 256 output columns, at most `threads`. */
+static int32_t lk_threads(const int64_t *d, int32_t threads) {
+    int64_t per = d[LD_N] / 256 > 0 ? d[LD_N] / 256 : 1;
+    return threads < per ? threads : (int32_t)per;
+}
+
 static int32_t lk_product(const int64_t *d, const void *x, int64_t rows, void *y, int bf16,
                           int32_t threads) {
-    int64_t n = d[LD_N], per = n / 256 > 0 ? n / 256 : 1;
-    int32_t t = threads < per ? threads : (int32_t)per;
+    int64_t n = d[LD_N];
+    int32_t t = lk_threads(d, threads);
     return leyline_packed_linear((const void *)d[LD_W], n, d[LD_K], d[LD_KP], x, rows, d[LD_K],
                                  (const void *)d[LD_BIAS], y, n, bf16, t, (int32_t)d[LD_BLOCK],
                                  (int32_t)d[LD_AMX]);
@@ -202,8 +208,23 @@ int32_t leyline_layer_pre(const int64_t *desc, const void *x, int64_t rows, int6
     if (!h) return -1;
     lk_rms_norm(x, rows, hidden, ln, eps, h, bf16);
     int32_t rc = lk_product(desc, h, rows, q, bf16, threads);
-    if (!rc) rc = lk_product(desc + LD_FIELDS, h, rows, k, bf16, threads);
-    if (!rc) rc = lk_product(desc + 2 * LD_FIELDS, h, rows, v, bf16, threads);
+    if (rc) return rc;
+    if (threads > 1 && lk_threads(desc + LD_FIELDS, threads) == 1 &&
+        lk_threads(desc + 2 * LD_FIELDS, threads) == 1) {
+        /* k and v too narrow to split (GQA): one thread each, side by side */
+        int32_t rk = 0, rv = 0;
+#pragma omp parallel sections num_threads(2)
+        {
+#pragma omp section
+            rk = lk_product(desc + LD_FIELDS, h, rows, k, bf16, 1);
+#pragma omp section
+            rv = lk_product(desc + 2 * LD_FIELDS, h, rows, v, bf16, 1);
+        }
+        rc = rk ? rk : rv;
+    } else {
+        rc = lk_product(desc + LD_FIELDS, h, rows, k, bf16, threads);
+        if (!rc) rc = lk_product(desc + 2 * LD_FIELDS, h, rows, v, bf16, threads);
+    }
     if (rc) return rc;
     lk_rope(q, rows, heads, hd, cos, sin, bf16);
     lk_rope(k, rows, kv, hd, cos, sin, bf16);
