@@ -5,15 +5,19 @@ replaced by a ``--stub``-token stub (AMORTIZE splice), against re-prefilling eve
 from the edit (the engine's FORGET path: same new tokens, prefix KV kept). A delete-only
 splice (empty replacement) compares like for like with engines that delete and shift
 (llama.cpp's ``seq_rm`` + ``seq_add``). All arms run interleaved in one process, each on a
-fork of the same prefilled session, so machine noise hits them alike; figures are medians.
+fork of the same prefilled session, so machine noise hits them alike, and each round starts
+one arm later than the one before, so no arm always runs after the same one; figures are
+medians.
 
 ``splice`` is the cache edit alone; ``+logits`` also returns the next-token logits (the last
 token is run again in the new context, ``want_logits=True``), which re-prefill delivers too:
 in one masked pass with the replacement (the engine's default), and, as ``2-pass``, run by
 run (the replacement's prefill, then the last token's forward: the weights stream twice).
-Every arm runs the engine's default path (a new buffer per edit) except ``in_place``: the
-same splice with logits inside the session's own buffers (``in_place_edit``, on a private
-copy of the session: no second KV at the peak, see the memory line).
+Every arm edits in place where the model can (``in_place_edit``, inside a private copy of
+the session's KV made before the clock starts: no second KV at the peak, see the memory
+line), the engine's default since 2026-12-04. So ``in_place`` runs the same splice with
+logits as ``+logits``, later in each round: the gap between the two columns is the noise
+between two samples of one arm.
 
 ``floor`` is what a splice with logits cannot beat on this machine: the model's weight bytes
 over the measured read bandwidth (a forward of a few tokens streams every weight once) plus
@@ -318,16 +322,24 @@ def bench_context(
         arms[name].append(ms)
         return logits
 
-    for _ in range(args.runs):
-        run(Edit(start, end, stub, Mode.amortize), "splice")
-        spliced = run(Edit(start, end, stub, Mode.amortize), "splice_logits", want_logits=True)
-        run(Edit(start, end, stub, Mode.amortize), "splice_logits_2pass", True, one_pass=False)
-        run(Edit(start, end, stub, Mode.amortize), "splice_logits_in_place", True, in_place=True)
-        reprefilled = run(Edit(start, end, stub, Mode.forget), "reprefill")
-        kls.append(kl(reprefilled, spliced))
-        run(Edit(start, end, (), Mode.amortize), "delete")
-        run(Edit(start, end, (), Mode.amortize), "delete_logits", want_logits=True)
-        run(Edit(start, end, (), Mode.forget), "delete_reprefill")
+    splice, forget = Edit(start, end, stub, Mode.amortize), Edit(start, end, stub, Mode.forget)
+    delete, delete_forget = Edit(start, end, (), Mode.amortize), Edit(start, end, (), Mode.forget)
+    steps: list[Callable[[], object]] = [
+        lambda: run(splice, "splice"),
+        lambda: run(splice, "splice_logits", want_logits=True),
+        lambda: run(splice, "splice_logits_2pass", True, one_pass=False),
+        lambda: run(splice, "splice_logits_in_place", True, in_place=True),
+        lambda: run(forget, "reprefill"),
+        lambda: run(delete, "delete"),
+        lambda: run(delete, "delete_logits", want_logits=True),
+        lambda: run(delete_forget, "delete_reprefill"),
+    ]
+    for round_ in range(args.runs):
+        # each round starts one arm later, so no arm always follows the same one (the arm
+        # before leaves the caches warm or cold for the next)
+        shift = round_ % len(steps)
+        got = {i: steps[i]() for i in [*range(shift, len(steps)), *range(shift)]}
+        kls.append(kl(got[4], got[1]))  # the re-prefill's logits against the splice's
     downstream = n - end
     rotated = downstream * key_bytes_per_token(engine, base.kv)
     base.release()
