@@ -86,6 +86,7 @@ _SOURCE = (
 """
     + kernel_build.AMX_C
     + kernel_build.SCRATCH_C
+    + kernel_build.EXP_C
     + r"""
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -119,26 +120,7 @@ static inline float ll_widen(uint16_t h) {
     return f;
 }
 
-/* e^x for x <= 0 (a score minus the running max): Cephes' expf polynomial, within 2 ulp,
-   branch-free so that the loops calling it vectorise. */
-static inline float ll_exp(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float t = x * 1.44269504088896341f + 12582912.0f; /* round to nearest via 1.5 * 2^23 */
-    float n = t - 12582912.0f;
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
-    float s;
-    memcpy(&s, &e, 4);
-    return p * s;
-}
+#define ll_exp kb_exp /* e^x for x <= 0 (a score minus the running max) */
 
 static inline void ll_widen_n(const uint16_t *src, int64_t n, float *dst) {
     for (int64_t j = 0; j < n; j++) dst[j] = ll_widen(src[j]);

@@ -84,31 +84,9 @@ LK_INLINE void lk_put(void *p, int64_t i, float f, int bf16) {
     else ((float *)p)[i] = f;
 }
 
-/* exp(x) without a call, so the activation's loop vectorises: x = n ln2 + r (ln 2 split
-   in two, so n ln2 is exact to fp32), exp(r) by a degree-7 polynomial in Horner form
-   (Cephes' expf coefficients), 2^n built in the exponent bits. Within 2 ulp of libm's expf over the
-   clamped range [-87, 88] (tested); beyond it SiLU is x or 0 to fp32 anyway. */
-LK_INLINE float lk_exp(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    /* n = round(x / ln 2), by the 1.5 * 2^23 trick: no call, and it vectorises */
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return p * scale;
-}
-
-/* Exported for the tests: lk_exp on n values. */
+/* Exported for the tests: kb_exp (kernel_build.EXP_C) on n values. */
 void leyline_layer_exp(const float *x, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = lk_exp(x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = kb_exp(x[i]);
 }
 
 /* The threads a product takes: one per 256 output columns, at most `threads`. */
@@ -188,7 +166,7 @@ static void lk_add(const void *a, void *y, int64_t n, int bf16) {
 LK_INLINE void lk_gate_body(void *g, const void *u, int64_t n, const int bf16) {
     for (int64_t i = 0; i < n; i++) {
         float a = lk_get(g, i, bf16);
-        float s = lk_round(a / (1.0f + lk_exp(-a)), bf16);
+        float s = lk_round(a / (1.0f + kb_exp(-a)), bf16);
         lk_put(g, i, s * lk_get(u, i, bf16), bf16);
     }
 }
@@ -256,7 +234,7 @@ int32_t leyline_layer_post(const int64_t *desc, const void *x, const void *attn,
 }
 """
 
-_SOURCE = linear_kernel._SOURCE + kernel_build.SCRATCH_C + _GLUE
+_SOURCE = linear_kernel._SOURCE + kernel_build.SCRATCH_C + kernel_build.EXP_C + _GLUE
 
 
 class LayerKernel:
