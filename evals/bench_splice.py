@@ -324,22 +324,23 @@ def bench_context(
 
     splice, forget = Edit(start, end, stub, Mode.amortize), Edit(start, end, stub, Mode.forget)
     delete, delete_forget = Edit(start, end, (), Mode.amortize), Edit(start, end, (), Mode.forget)
-    steps: list[Callable[[], object]] = [
-        lambda: run(splice, "splice"),
-        lambda: run(splice, "splice_logits", want_logits=True),
-        lambda: run(splice, "splice_logits_2pass", True, one_pass=False),
-        lambda: run(splice, "splice_logits_in_place", True, in_place=True),
-        lambda: run(forget, "reprefill"),
-        lambda: run(delete, "delete"),
-        lambda: run(delete, "delete_logits", want_logits=True),
-        lambda: run(delete_forget, "delete_reprefill"),
-    ]
+    steps: dict[str, Callable[[], torch.Tensor]] = {
+        "splice": lambda: run(splice, "splice"),
+        "splice_logits": lambda: run(splice, "splice_logits", want_logits=True),
+        "splice_logits_2pass": lambda: run(splice, "splice_logits_2pass", True, one_pass=False),
+        "splice_logits_in_place": lambda: run(splice, "splice_logits_in_place", True),
+        "reprefill": lambda: run(forget, "reprefill"),
+        "delete": lambda: run(delete, "delete"),
+        "delete_logits": lambda: run(delete, "delete_logits", want_logits=True),
+        "delete_reprefill": lambda: run(delete_forget, "delete_reprefill"),
+    }
+    order = list(steps)
     for round_ in range(args.runs):
         # each round starts one arm later, so no arm always follows the same one (the arm
         # before leaves the caches warm or cold for the next)
-        shift = round_ % len(steps)
-        got = {i: steps[i]() for i in [*range(shift, len(steps)), *range(shift)]}
-        kls.append(kl(got[4], got[1]))  # the re-prefill's logits against the splice's
+        shift = round_ % len(order)
+        got = {name: steps[name]() for name in order[shift:] + order[:shift]}
+        kls.append(kl(got["reprefill"], got["splice_logits"]))
     downstream = n - end
     rotated = downstream * key_bytes_per_token(engine, base.kv)
     base.release()

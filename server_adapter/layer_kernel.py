@@ -70,17 +70,10 @@ enum { LD_W, LD_N, LD_K, LD_KP, LD_BIAS, LD_BLOCK, LD_AMX, LD_FIELDS };
 LK_INLINE float lk_get(const void *p, int64_t i, int bf16) {
     return bf16 ? ll_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
-/* ll_to_bf16 without a branch (a select vectorises): nearest even, NaN kept quiet. */
-LK_INLINE uint16_t lk_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-}
 /* The value stored in the model's dtype: rounded to bf16 (nearest even) or kept. */
-LK_INLINE float lk_round(float f, int bf16) { return bf16 ? ll_bf16(lk_to_bf16(f)) : f; }
+LK_INLINE float lk_round(float f, int bf16) { return bf16 ? ll_bf16(ll_to_bf16(f)) : f; }
 LK_INLINE void lk_put(void *p, int64_t i, float f, int bf16) {
-    if (bf16) ((uint16_t *)p)[i] = lk_to_bf16(f);
+    if (bf16) ((uint16_t *)p)[i] = ll_to_bf16(f);
     else ((float *)p)[i] = f;
 }
 
@@ -258,7 +251,7 @@ class LayerKernel:
         self._exp = exp
 
     def exp(self, x: torch.Tensor) -> torch.Tensor:
-        """The glue's own exp (the gated activation's) on an fp32 tensor: for the tests."""
+        """``kb_exp`` (``kernel_build.EXP_C``, SiLU's exp here) on an fp32 tensor: for tests."""
         x = x.to(torch.float32).contiguous()
         y = torch.empty_like(x)
         self._exp(x.data_ptr(), y.data_ptr(), x.numel())

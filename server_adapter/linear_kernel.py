@@ -126,12 +126,13 @@ static inline float ll_bf16(uint16_t h) {
     return f;
 }
 
+/* fp32 -> bf16, nearest even, NaN kept quiet; a select rather than a branch, so that loops
+   calling it vectorise. */
 static inline uint16_t ll_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 
 /* y[0..cols) = out[0..cols) + bias[0..cols), fp32 or rounded to nearest even bf16 (as
