@@ -1261,15 +1261,30 @@ def _takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: i
     )
 
 
+def _check_seen(m: int, lengths: Sequence[int], seen: Sequence[Sequence[int]]) -> None:
+    """``seen`` (per segment, per query) fits the segments' ``lengths``, and every query
+    sees a key."""
+    for n, counts in zip(lengths, seen, strict=True):
+        if len(counts) != m or not all(0 <= x <= n for x in counts):
+            raise ValueError(f"seen: {m} counts within the segment's {n} keys")
+    if any(sum(c) == 0 for c in zip(*seen, strict=True)):
+        raise ValueError("every query of a run must see at least one key")
+
+
+def _geometry(t: torch.Tensor) -> tuple[object, ...]:
+    return (tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
 class _SegmentTable:
     """The key/value segments of one call as the C functions take them, in one int64 array
     (a ctypes array per argument cost ~20 us a call, a decode step makes 30):
     lengths, key pointers, value pointers, then four strides per segment."""
 
-    __slots__ = ("_table", "key_ptrs", "keys", "lengths", "strides", "value_ptrs")
+    __slots__ = ("_table", "key_ptrs", "keys", "kv_heads", "lengths", "strides", "value_ptrs")
 
     def __init__(self, segments: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         count = len(segments)
+        self.kv_heads = segments[0][0].shape[1]
         values: list[int] = [k.shape[2] for k, _ in segments]
         self.keys = sum(values)
         """Keys over all segments."""
@@ -1281,6 +1296,76 @@ class _SegmentTable:
         base = self._table.buffer_info()[0]
         self.lengths, self.key_ptrs = base, base + 8 * count
         self.value_ptrs, self.strides = base + 16 * count, base + 24 * count
+
+
+class PreparedCall:
+    """One call of the kernel, a lone query's or a run's, over the same key segments in each
+    layer of a forward (an in-place edit's layers read the same positions of their own
+    buffers): checked and tabled once (:meth:`AttentionKernel.prepare`), so that a call
+    costs the C function and its output alone. :meth:`AttentionKernel.attend_segments` and
+    :meth:`~AttentionKernel.attend_runs` are one layer's such call; in a splice's pass
+    their per-call checks and tables were about 2 ms of Python over its 60 calls."""
+
+    __slots__ = ("_fn", "_qshape", "_scale", "_seen", "_tables", "_threads", "bf16", "dv")
+
+    def __init__(
+        self,
+        kernel: AttentionKernel,
+        layers: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]],
+        heads: int,
+        m: int,
+        scale: float | None,
+        seen: Sequence[Sequence[int]] | None,
+    ) -> None:
+        """``layers``: per layer, the segments' ``(key, value)``, already checked alike;
+        ``seen``: per segment, how many of its first keys each of the ``m`` queries sees (a
+        run), or None for a lone query (``m == 1``, every key)."""
+        key, value = layers[0][0]
+        kv_heads, d, self.dv = key.shape[1], key.shape[3], value.shape[3]
+        self._tables = [_SegmentTable(segments) for segments in layers]
+        self._qshape = (len(layers[0]), heads, m, d)
+        self._scale = d**-0.5 if scale is None else scale
+        self.bf16 = key.dtype == torch.bfloat16
+        threads = torch.get_num_threads() if kernel.threaded else 1
+        keys = self._tables[0].keys
+        if seen is None:
+            self._fn, self._seen = kernel._fn, None
+            work = keys * kv_heads * (d + self.dv) * key.element_size() // _MIN_BYTES_PER_THREAD
+        else:  # compute-bound where a lone query is bandwidth-bound: threads by multiply-adds
+            self._fn, self._seen = kernel._runs, array("q", [x for c in seen for x in c])
+            work = keys * heads * m * (d + self.dv) // _MIN_RUN_WORK_PER_THREAD
+        self._threads = max(1, min(threads, work))
+
+    def __call__(
+        self, layer: int, queries: torch.Tensor, lse: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Attention at ``layer`` of ``queries``, fp32 ``[segments, heads, m, d]``
+        contiguous (each segment's own), as fp32 ``[heads, m, dv]``; a lone query's call
+        also writes the log-sum-exp into ``lse`` (fp32 ``[heads]``) when given."""
+        if (
+            tuple(queries.shape) != self._qshape
+            or queries.dtype != torch.float32
+            or not queries.is_contiguous()
+        ):
+            raise ValueError(f"queries: fp32 {list(self._qshape)} contiguous expected")
+        count, heads, m, d = self._qshape
+        t = self._tables[layer]
+        out = torch.empty(heads, m, self.dv, dtype=torch.float32)
+        if self._seen is None:
+            rc = self._fn(
+                count, queries.data_ptr(), heads, t.kv_heads, t.lengths, d, self.dv,
+                self._scale, t.key_ptrs, t.value_ptrs, t.strides, int(self.bf16),
+                out.data_ptr(), None if lse is None else lse.data_ptr(), self._threads,
+            )  # fmt: skip
+        else:
+            rc = self._fn(
+                count, queries.data_ptr(), heads, t.kv_heads, m, t.lengths,
+                self._seen.buffer_info()[0], d, self.dv, self._scale, t.key_ptrs,
+                t.value_ptrs, t.strides, int(self.bf16), out.data_ptr(), self._threads,
+            )  # fmt: skip
+        if rc != 0:
+            raise ValueError(f"attention kernel refused its arguments (rc={rc})")
+        return out
 
 
 class AttentionKernel:
@@ -1366,39 +1451,11 @@ class AttentionKernel:
                 heads, kv_heads, dv, dtype
             ):  # fmt: skip
                 raise ValueError("tensors not eligible for the attention kernel")
-        count = len(segments)
-        if count == 1:
-            qs = first_q.reshape(1, heads, d).to(torch.float32).contiguous()
-        else:
-            qs = torch.stack([q.reshape(heads, d) for q, _, _ in segments]).to(torch.float32)
-            qs = qs.contiguous()
-        table = _SegmentTable([(k, v) for _, k, v in segments])
-        out = torch.empty(heads, dv, dtype=torch.float32)
+        qs = torch.stack([q.reshape(heads, 1, d) for q, _, _ in segments]).to(torch.float32)
+        call = PreparedCall(self, [[(k, v) for _, k, v in segments]], heads, 1, scale, None)
         lse = torch.empty(heads, dtype=torch.float32) if with_lse else None
-        n = table.keys
-        nbytes = n * kv_heads * (d + dv) * first_k.element_size()
-        threads = max(1, min(torch.get_num_threads(), nbytes // _MIN_BYTES_PER_THREAD))
-        rc = self._fn(
-            count,
-            qs.data_ptr(),
-            heads,
-            kv_heads,
-            table.lengths,
-            d,
-            dv,
-            d**-0.5 if scale is None else scale,
-            table.key_ptrs,
-            table.value_ptrs,
-            table.strides,
-            int(dtype == torch.bfloat16),
-            out.data_ptr(),
-            None if lse is None else lse.data_ptr(),
-            threads if self.threaded else 1,
-        )
-        if rc != 0:
-            raise ValueError(f"attention kernel refused its arguments (rc={rc})")
-        out4 = out.reshape(1, heads, 1, dv)
-        return out4, None if lse is None else lse.reshape(1, heads, 1)
+        out = call(0, qs, lse).reshape(1, heads, 1, dv)
+        return out, None if lse is None else lse.reshape(1, heads, 1)
 
     def takes_run(
         self,
@@ -1443,9 +1500,9 @@ class AttentionKernel:
         must be :func:`run_eligible` (``checked``: the caller has just asked, through
         :meth:`takes_run`), all alike, and every query must see a key."""
         first_q, first_k, first_v, _ = segments[0]
-        heads, m, d = first_q.shape[1], first_q.shape[2], first_q.shape[3]
+        heads, m = first_q.shape[1], first_q.shape[2]
         kv_heads, dv, dtype = first_k.shape[1], first_v.shape[3], first_k.dtype
-        for q, k, v, seen in segments:
+        for q, k, v, _ in segments:
             if not (checked or run_eligible(q, k, v)) or (
                 q.shape[1:3],
                 k.shape[1],
@@ -1453,26 +1510,43 @@ class AttentionKernel:
                 k.dtype,
             ) != ((heads, m), kv_heads, dv, dtype):
                 raise ValueError("tensors not eligible for the attention kernel")
-            if len(seen) != m or not all(0 <= x <= k.shape[2] for x in seen):
-                raise ValueError(f"seen: {m} counts within the segment's {k.shape[2]} keys")
-        if any(sum(c) == 0 for c in zip(*(seg[3] for seg in segments), strict=True)):
-            raise ValueError("every query of a run must see at least one key")
+        _check_seen(m, [seg[1].shape[2] for seg in segments], [seg[3] for seg in segments])
         qs = torch.stack([q[0] for q, _, _, _ in segments]).to(torch.float32).contiguous()
-        table = _SegmentTable([(k, v) for _, k, v, _ in segments])
-        seen_all = array("q", [x for seg in segments for x in seg[3]])
-        out = torch.empty(heads, m, dv, dtype=torch.float32)
-        # compute-bound where a lone query is bandwidth-bound: threads by multiply-adds
-        work = table.keys * heads * m * (d + dv)
-        threads = max(1, min(torch.get_num_threads(), work // _MIN_RUN_WORK_PER_THREAD))
-        rc = self._runs(
-            len(segments), qs.data_ptr(), heads, kv_heads, m, table.lengths,
-            seen_all.buffer_info()[0], d, dv, d**-0.5 if scale is None else scale,
-            table.key_ptrs, table.value_ptrs, table.strides, int(dtype == torch.bfloat16),
-            out.data_ptr(), threads if self.threaded else 1,
-        )  # fmt: skip
-        if rc != 0:
-            raise ValueError(f"attention kernel refused its arguments (rc={rc})")
-        return out.unsqueeze(0)
+        layer = [(k, v) for _, k, v, _ in segments]
+        call = PreparedCall(self, [layer], heads, m, scale, [seg[3] for seg in segments])
+        return call(0, qs).unsqueeze(0)
+
+    def prepare(
+        self,
+        layers: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]],
+        heads: int,
+        m: int,
+        scale: float | None,
+        seen: Sequence[Sequence[int]] | None = None,
+    ) -> PreparedCall:
+        """The call at every layer ``i`` of :meth:`attend_segments` (``seen`` None, one
+        query) or :meth:`attend_runs` (``m`` queries, ``seen`` per segment) over the
+        segments ``layers[i]``, each ``(key, value)``: layer 0's are checked as those
+        methods check them, every other layer's must lie alike (the same shapes, strides
+        and dtype). Raises ``ValueError`` otherwise."""
+        first = layers[0]
+        key = first[0][0]
+        query = torch.empty(1, heads, m, key.shape[3], dtype=key.dtype)
+        ok = eligible if seen is None else run_eligible
+        dv = first[0][1].shape[3]
+        for k, v in first:
+            if not ok(query, k, v) or (k.shape[1], v.shape[3], k.dtype) != (
+                key.shape[1],
+                dv,
+                key.dtype,
+            ):
+                raise ValueError("tensors not eligible for the attention kernel")
+        if seen is not None:
+            _check_seen(m, [k.shape[2] for k, _ in first], seen)
+        shape = [_geometry(t) for segment in first for t in segment]
+        if any([_geometry(t) for segment in other for t in segment] != shape for other in layers):
+            raise ValueError("every layer's segments must lie as the first layer's do")
+        return PreparedCall(self, layers, heads, m, scale, seen)
 
 
 def _flags(openmp: bool) -> list[str]:

@@ -48,10 +48,18 @@ from leyline.protocol.algebra import EditResult, Run
 
 from .buffer_views import capacity, resized
 from .forward import DEFAULT_PREFILL_CHUNK, KVBuffers, causal_mask_at, query_runs
+from .fused_forward import fused_model
 from .kv_blocks import KVCache
 from .layouts import CacheLayout
 from .rope import RopeSpec, delta_rotate, move_rotated, move_rows, rotate_many_into
-from .segment_attention import SEGMENTS_KWARG, KeptSegment, SegmentPlan, SegmentRun
+from .segment_attention import (
+    SEGMENTS_KWARG,
+    KeptSegment,
+    RotateQuery,
+    SegmentPlan,
+    SegmentRun,
+    prepare_plan,
+)
 from .yield_points import chunk_boundary
 
 MIN_DIRECT = 64
@@ -185,6 +193,13 @@ def _forward_beside(
     def rotate(q: torch.Tensor, delta: int) -> torch.Tensor:
         return delta_rotate(q, delta, rope.inv_freq, layout.pairing, offset=layout.offset)
 
+    direct = (
+        None
+        if len(tokens) > chunk
+        else _fused_beside(model, kv, side, runs, positions, tokens, rotate)
+    )
+    if direct is not None:
+        return direct
     device, dtype = model.device, kv[0][0].dtype
     logits: torch.Tensor | None = None
     for lo in range(0, len(tokens), chunk):
@@ -210,6 +225,37 @@ def _forward_beside(
         logits = out.logits[0, -1]
     assert logits is not None
     return logits.float()
+
+
+def _fused_beside(
+    model: PreTrainedModel,
+    kv: KVCache,
+    side: KVBuffers,
+    runs: Sequence[Run],
+    positions: Sequence[int],
+    tokens: Sequence[int],
+    rotate: RotateQuery,
+) -> torch.Tensor | None:
+    """Phase 1 as one loop over the model's fused layers (``fused_forward``), each layer's
+    attention from kernel calls prepared once (``segment_attention.prepare_plan``): the
+    same computation as the model's forward, bitwise, without its Python. None where the
+    model or the attention does not take it; the caller runs the model's forward."""
+    fused = fused_model(model)
+    if fused is None or len(tokens) > fused.max_rows:
+        return None
+    plan = SegmentPlan(kv, segment_runs(runs, positions, 0, len(tokens)), rotate)
+    prepared = prepare_plan(plan, side, fused.heads, fused.scale)
+    if prepared is None:
+        return None
+    m = len(tokens)
+
+    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        keys, values = side[layer]
+        keys[0, :, :m].copy_(k[0].transpose(0, 1))
+        values[0, :, :m].copy_(v[0].transpose(0, 1))
+        return prepared.attend(layer, q.transpose(1, 2))
+
+    return fused.logits(tokens, positions, attend)
 
 
 def _move_kept(kv: KVCache, runs: Sequence[Run], layout: CacheLayout, rope: RopeSpec) -> None:

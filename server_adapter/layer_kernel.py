@@ -258,7 +258,7 @@ class LayerKernel:
         return y
 
 
-def _hooked(modules: tuple[nn.Module, ...]) -> bool:
+def hooked(modules: tuple[nn.Module, ...]) -> bool:
     """Whether a forward hook would see any of ``modules`` called: their own, or torch's
     module-wide ones (kept under private names in ``torch.nn.modules.module``)."""
     everywhere = torch.nn.modules.module
@@ -308,7 +308,7 @@ class FusedLayer:
             and x.dtype == self.dtype
             and x.is_contiguous()
             and cos.shape[:2] == x.shape[:2]
-            and not _hooked(self.keep)
+            and not hooked(self.keep)
         )
 
     def _threads(self) -> int:

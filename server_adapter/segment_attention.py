@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -105,23 +106,13 @@ def segmented_attention(
             segments.append((qd, k, v))
         n = run.side_seen
         segments.append((q, side_key[:, :, :n], side_value[:, :, :n]))
-        if (
-            kernel is not None
-            and run.end - run.first == 1
-            and all(attention_kernel.eligible(*seg) for seg in segments)
-        ):  # a lone query (the last token): every segment in one kernel call
+        route = kernel_route(kernel, segments)
+        if kernel is not None and route == "lone":  # every segment in one kernel call
             out, _ = kernel.attend_segments(segments, scale, checked=True)
             outs.append(out.to(query.dtype))
             continue
-        run_keys = sum(seg[1].shape[2] for seg in segments)
-        if (
-            run_keys >= attention_kernel.RUN_MIN_KEYS
-            and kernel is not None
-            and all(kernel.takes_run(*seg, run_keys, len(segments)) for seg in segments)
-        ):
-            m = run.end - run.first  # kept segments whole, the side entries causally
-            seen = [[seg[1].shape[2]] * m for seg in segments[:-1]]
-            seen.append([n - m + 1 + j for j in range(m)])
+        if kernel is not None and route == "runs":
+            seen = run_seen(run, [seg[1].shape[2] for seg in segments])
             with_seen = [(*seg, c) for seg, c in zip(segments, seen, strict=True)]
             outs.append(kernel.attend_runs(with_seen, scale, checked=True).to(query.dtype))
             continue
@@ -132,6 +123,94 @@ def segmented_attention(
         parts.append(attend_part(*segments[-1], mask, scale))
         outs.append(merge_parts(parts).to(query.dtype))
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
+
+
+def kernel_route(
+    kernel: attention_kernel.AttentionKernel | None,
+    segments: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+) -> Literal["lone", "runs"] | None:
+    """Where a run's segments ``(query, key, value)`` (the side entries last) go: a lone
+    query's to the single-query kernel, all in one call (``"lone"``); a run's to the
+    kernel's query runs where it takes them and measured faster (``"runs"``); else None
+    (torch's flash kernel, segment by segment)."""
+    if kernel is None:
+        return None
+    if segments[0][0].shape[2] == 1 and all(attention_kernel.eligible(*s) for s in segments):
+        return "lone"
+    keys = sum(s[1].shape[2] for s in segments)
+    if keys >= attention_kernel.RUN_MIN_KEYS and all(
+        kernel.takes_run(*s, keys, len(segments)) for s in segments
+    ):
+        return "runs"
+    return None
+
+
+def run_seen(run: SegmentRun, lengths: Sequence[int]) -> list[list[int]]:
+    """Per segment of ``run`` (its kept segments' ``lengths``, then the side entries), how
+    many keys each query sees: kept segments whole, the side entries causally."""
+    m = run.end - run.first
+    seen = [[n] * m for n in lengths[:-1]]
+    seen.append([run.side_seen - m + 1 + j for j in range(m)])
+    return seen
+
+
+class PreparedPlan:
+    """:func:`segmented_attention` at every layer of one forward whose runs all go to the
+    attention kernel, each run's call checked and tabled once (:meth:`AttentionKernel.prepare`)
+    rather than at each of the forward's layers (``fused_forward``'s splice pass)."""
+
+    __slots__ = ("_calls", "_plan", "_runs")
+
+    def __init__(
+        self,
+        plan: SegmentPlan,
+        runs: Sequence[tuple[SegmentRun, tuple[int, ...]]],
+        calls: Sequence[attention_kernel.PreparedCall],
+    ) -> None:
+        self._plan, self._runs, self._calls = plan, tuple(runs), tuple(calls)
+
+    def attend(self, layer: int, query: torch.Tensor) -> torch.Tensor:
+        """:func:`segmented_attention`'s result for ``query [1, heads, m, d]`` at
+        ``layer``, as ``[1, m, heads * dv]`` contiguous in the query's dtype."""
+        outs = []
+        for (run, deltas), call in zip(self._runs, self._calls, strict=True):
+            q = query[:, :, run.first : run.end]
+            rotated = {0: q}
+            for delta in deltas:
+                if delta not in rotated:
+                    rotated[delta] = self._plan.rotate(q, -delta)
+            queries = torch.stack([rotated[delta][0] for delta in deltas])
+            outs.append(call(layer, queries.to(torch.float32)))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return out.to(query.dtype).transpose(0, 1).reshape(1, query.shape[2], -1).contiguous()
+
+
+def prepare_plan(
+    plan: SegmentPlan, side: Sequence[Sequence[torch.Tensor]], heads: int, scale: float | None
+) -> PreparedPlan | None:
+    """``plan``'s attention prepared for every layer, its side entries in ``side`` (per
+    layer, ``(keys, values)`` buffers ``[1, kv_heads, capacity, d]``), or None where a run
+    would not go to the kernel (:func:`kernel_route`: the caller runs
+    :func:`segmented_attention` per layer)."""
+    kernel = attention_kernel.load()
+    if kernel is None:
+        return None
+    runs, calls = [], []
+    for run in plan.runs:
+        m, n = run.end - run.first, run.side_seen
+        layers = [
+            [(keys[:, :, s.start : s.end], values[:, :, s.start : s.end]) for s in run.kept]
+            + [(layer_side[0][:, :, :n], layer_side[1][:, :, :n])]
+            for (keys, values), layer_side in zip(plan.old, side, strict=True)
+        ]
+        query = torch.empty(1, heads, m, layers[0][0][0].shape[3], dtype=layers[0][0][0].dtype)
+        route = kernel_route(kernel, [(query, k, v) for k, v in layers[0]])
+        if route is None:
+            return None
+        seen = None if route == "lone" else run_seen(run, [k.shape[2] for k, _ in layers[0]])
+        calls.append(kernel.prepare(layers, heads, m, scale, seen))
+        runs.append((run, (*(s.delta for s in run.kept), 0)))
+    return PreparedPlan(plan, runs, calls)
 
 
 def attend_part(

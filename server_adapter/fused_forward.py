@@ -1,0 +1,142 @@
+"""A few rows through a Llama model whose layers are all fused, without transformers' forward.
+
+A splice's pass (its 16-token stub and the last token again) and a delete's last token go
+through the model as one forward of a few rows. With every decoder layer fused
+(``layer_kernel``) and the attention on the kernel, what was left around those C calls was
+Python: ``LlamaForCausalLM.forward`` and its wrappers, the lean layer's checks, the cache
+layer's update, the attention function's dispatch, and per layer and run the segment
+attention's checks, tables and query stacking (``segment_attention``). On a 4k bf16 splice
+that was about 9 of its 48 ms (2 cores), while the kernels' second thread waited.
+
+:meth:`FusedModel.logits` runs the same computation as a loop over the fused layers'
+``pre`` and ``post`` calls, with the attention between them supplied by the caller (an
+in-place edit's :class:`~.segment_attention.PreparedPlan`, whose kernel calls are checked
+and tabled once for all layers). It calls the same modules and kernels on the same values
+in the same order, so its logits and KV are bitwise those of the model's forward
+(``tests/server_adapter/test_fused_forward.py``).
+
+:func:`fused_model` returns None for any model it does not take whole: not exactly
+transformers' ``LlamaForCausalLM`` of lean layers, a layer not fused, a forward hook the
+model's forward would fire and the loop would not (on the model, its decoder or a decoder
+layer; transformers' own output-capturing hooks aside), or a config asking for attention
+weights; and every model while
+``LEYLINE_FUSED_FORWARD=0`` (A/B runs). Callers then run the model's own forward.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.models.llama import modeling_llama as llama
+
+from .layer_kernel import FusedLayer, hooked
+from .lean_layers import FUSED
+
+SWITCH = "LEYLINE_FUSED_FORWARD"
+
+LayerAttention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(layer, queries, keys, values)`` -> the attention's output at that layer: queries
+``[1, m, heads, d]``, keys and values ``[1, m, kv_heads, d]`` of the forward's rows (rotary
+applied; the callee keeps the keys and values where its cache wants them), the output
+``[1, m, heads * dv]`` contiguous in the model's dtype."""
+
+
+@dataclass(frozen=True, slots=True)
+class FusedModel:
+    """A ``LlamaForCausalLM`` whose decoder layers are all fused: the parts a forward of a
+    few rows calls."""
+
+    model: PreTrainedModel
+    layers: tuple[FusedLayer, ...]
+    scale: float
+    """The attention's softmax scale (every layer's)."""
+
+    @property
+    def heads(self) -> int:
+        return self.layers[0].heads
+
+    @property
+    def max_rows(self) -> int:
+        """Most rows a forward takes here (every layer fused at that row count)."""
+        return min(layer.max_rows for layer in self.layers)
+
+    @torch.no_grad()
+    def logits(
+        self, tokens: Sequence[int], positions: Sequence[int], attend: LayerAttention
+    ) -> torch.Tensor:
+        """fp32 next-token logits after the last of ``tokens`` at ``positions`` (at most
+        :attr:`max_rows`), each layer's attention computed by ``attend``."""
+        if not 0 < len(tokens) <= self.max_rows or len(positions) != len(tokens):
+            raise ValueError(
+                f"a fused forward takes 1 to {self.max_rows} tokens, one position each"
+            )
+        decoder = self.model.model
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.model.device)
+        pos = torch.tensor([list(positions)], dtype=torch.long, device=self.model.device)
+        h = decoder.embed_tokens(ids)
+        cos, sin = decoder.rotary_emb(h, pos)
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.pre(h, cos, sin)
+            h = layer.post(h, attend(i, q, k, v))
+        h = decoder.norm(h)  # every row, as the model's forward (a norm is row by row)
+        logits: torch.Tensor = self.model.lm_head(h[:, -1:])
+        return logits[0, -1].float()
+
+
+def fused_model(model: PreTrainedModel) -> FusedModel | None:
+    """``model`` as a :class:`FusedModel`, or None where it cannot run so (module
+    docstring)."""
+    if os.environ.get(SWITCH, "").strip() == "0":
+        return None
+    if type(model) is not llama.LlamaForCausalLM or type(model.model) is not llama.LlamaModel:
+        return None
+    if getattr(model.config, "output_attentions", False):
+        return None
+    decoder_layers = cast(list[llama.LlamaDecoderLayer], list(model.model.layers))
+    layers = [vars(layer).get(FUSED) for layer in decoder_layers]
+    if not layers or any(layer is None for layer in layers):
+        return None
+    fused = tuple(layer for layer in layers if layer is not None)
+    if _skips_a_hook([model, model.model, *decoder_layers]) or any(
+        hooked(layer.keep) for layer in fused
+    ):
+        return None
+    scales = {float(layer.self_attn.scaling) for layer in decoder_layers}
+    shapes = {(f.heads, f.kv_heads, f.head_dim, f.dtype) for f in fused}
+    if len(scales) != 1 or len(shapes) != 1:
+        return None
+    if model.model.embed_tokens.weight.dtype != fused[0].dtype:
+        return None
+    return FusedModel(model, fused, scales.pop())
+
+
+def _skips_a_hook(skipped: Sequence[nn.Module]) -> bool:
+    """Whether a forward hook would not fire that the model's forward fires: one on a module
+    the loop does not call (the model, its decoder, each decoder layer; the lean layers call
+    none of their submodules but the products either), or a module-wide one. transformers'
+    output-capturing hooks do not count: they record only inside a forward asked for hidden
+    states or attention weights (which this loop never is), and once installed by such a
+    forward they stay on the model."""
+    if hooked(()):  # module-wide hooks
+        return True
+    return any(
+        not _capturing(hook)
+        for module in skipped
+        for hook in (*module._forward_hooks.values(), *module._forward_pre_hooks.values())
+    )
+
+
+def _capturing(hook: object) -> bool:
+    return (
+        getattr(hook, "__module__", None) == _CAPTURING_MODULE
+        and getattr(hook, "__name__", None) == "output_capturing_hook"
+    )
+
+
+_CAPTURING_MODULE = "transformers.utils.output_capturing"
