@@ -42,9 +42,9 @@ SWITCH = "LEYLINE_FUSED_FORWARD"
 
 LayerAttention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``(layer, queries, keys, values)`` -> the attention's output at that layer: queries
-``[1, m, heads, d]``, keys and values ``[1, m, kv_heads, d]`` of the forward's rows (rotary
+``[B, m, heads, d]``, keys and values ``[B, m, kv_heads, d]`` of the forward's rows (rotary
 applied; the callee keeps the keys and values where its cache wants them), the output
-``[1, m, heads * dv]`` contiguous in the model's dtype."""
+``[B, m, heads * dv]`` contiguous in the model's dtype."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,17 +68,25 @@ class FusedModel:
 
     @torch.no_grad()
     def logits(
-        self, tokens: Sequence[int], positions: Sequence[int], attend: LayerAttention
+        self,
+        tokens: Sequence[Sequence[int]],
+        positions: Sequence[Sequence[int]],
+        attend: LayerAttention,
     ) -> torch.Tensor:
-        """fp32 next-token logits after the last of ``tokens`` at ``positions`` (at most
-        :attr:`max_rows`), each layer's attention computed by ``attend``."""
-        if not 0 < len(tokens) <= self.max_rows or len(positions) != len(tokens):
+        """fp32 next-token logits ``[B, vocab]`` after the last token of each of the ``B``
+        sequences ``tokens`` (equal lengths, at ``positions``; at most :attr:`max_rows` in
+        all), each layer's attention computed by ``attend``."""
+        rows = sum(len(t) for t in tokens)
+        shape = [len(t) for t in tokens]
+        if not 0 < rows <= self.max_rows or len(set(shape)) != 1:
             raise ValueError(
-                f"a fused forward takes 1 to {self.max_rows} tokens, one position each"
+                f"a fused forward takes 1 to {self.max_rows} tokens, in sequences of one length"
             )
-        decoder = self.model.model
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.model.device)
-        pos = torch.tensor([list(positions)], dtype=torch.long, device=self.model.device)
+        if [len(p) for p in positions] != shape:
+            raise ValueError("a fused forward takes one position per token")
+        decoder, device = self.model.model, self.model.device
+        ids = torch.tensor([list(t) for t in tokens], dtype=torch.long, device=device)
+        pos = torch.tensor([list(p) for p in positions], dtype=torch.long, device=device)
         h = decoder.embed_tokens(ids)
         cos, sin = decoder.rotary_emb(h, pos)
         for i, layer in enumerate(self.layers):
@@ -86,7 +94,7 @@ class FusedModel:
             h = layer.post(h, attend(i, q, k, v))
         h = decoder.norm(h)  # every row, as the model's forward (a norm is row by row)
         logits: torch.Tensor = self.model.lm_head(h[:, -1:])
-        return logits[0, -1].float()
+        return logits[:, -1].float()
 
 
 def fused_model(model: PreTrainedModel) -> FusedModel | None:

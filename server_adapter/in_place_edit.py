@@ -255,7 +255,7 @@ def _fused_beside(
         values[0, :, :m].copy_(v[0].transpose(0, 1))
         return prepared.attend(layer, q.transpose(1, 2))
 
-    return fused.logits(tokens, positions, attend)
+    return fused.logits([tokens], [positions], attend)[0]
 
 
 def _move_kept(kv: KVCache, runs: Sequence[Run], layout: CacheLayout, rope: RopeSpec) -> None:

@@ -85,6 +85,7 @@ def test_long_decode_steps_and_splices_through_the_path_match_a_plain_forward(
     import leyline.server_adapter.attention as attention
     from leyline.protocol.algebra import Edit
     from leyline.protocol.directives import Mode
+    from leyline.server_adapter import fused_forward
     from leyline.server_adapter.engine import Engine
     from leyline.server_adapter.models import LoadedModel
     from leyline.server_adapter.session import SessionCache
@@ -115,6 +116,9 @@ def test_long_decode_steps_and_splices_through_the_path_match_a_plain_forward(
         return single_query_attention(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(attention, "single_query_attention", counted)
+    # the model's own dispatch: the fused loop calls the kernel directly, bitwise the same
+    # (tests/server_adapter/test_fused_forward.py)
+    monkeypatch.setenv(fused_forward.SWITCH, "0")
     session = SessionCache(engine)
     session.prefill(tokens)
     assert not calls  # a prefill's queries come in runs

@@ -16,9 +16,13 @@ import torch
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 from leyline.server_adapter import attention_kernel
+from leyline.server_adapter.batched_decode import Row
 from leyline.server_adapter.engine import Engine
+from leyline.server_adapter.forward import buffers_holding, filled
 from leyline.server_adapter.fused_forward import SWITCH, FusedModel, fused_model
+from leyline.server_adapter.kv_blocks import KVCache
 from leyline.server_adapter.lean_layers import unfuse, use_lean_layers
+from leyline.server_adapter.sampling import SamplingParams
 from leyline.server_adapter.segment_attention import PreparedPlan
 from leyline.server_adapter.session import SessionCache
 
@@ -73,8 +77,8 @@ def loops(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     rows: list[int] = []
     real = FusedModel.logits
 
-    def spy(self: FusedModel, tokens: Sequence[int], *args: object) -> torch.Tensor:
-        rows.append(len(tokens))
+    def spy(self: FusedModel, tokens: Sequence[Sequence[int]], *args: object) -> torch.Tensor:
+        rows.append(sum(len(t) for t in tokens))
         return real(self, tokens, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(FusedModel, "logits", spy)
@@ -211,9 +215,11 @@ def test_the_loop_refuses_more_rows_than_its_layers_take(llama_engine: Engine) -
     assert fused is not None
     n = fused.max_rows + 1
     with pytest.raises(ValueError, match="fused forward takes"):
-        fused.logits(list(range(3, 3 + n)), list(range(n)), lambda *_: torch.empty(0))
-    with pytest.raises(ValueError, match="one position each"):
-        fused.logits([5, 6], [0], lambda *_: torch.empty(0))
+        fused.logits([list(range(3, 3 + n))], [list(range(n))], lambda *_: torch.empty(0))
+    with pytest.raises(ValueError, match="of one length"):
+        fused.logits([[5, 6], [7]], [[0, 1], [0]], lambda *_: torch.empty(0))
+    with pytest.raises(ValueError, match="one position per token"):
+        fused.logits([[5, 6]], [[0]], lambda *_: torch.empty(0))
 
 
 def test_a_pass_longer_than_the_chunk_runs_the_models_forward(
@@ -222,6 +228,98 @@ def test_a_pass_longer_than_the_chunk_runs_the_models_forward(
     engine.prefill_chunk = 8  # the model's forward yields between chunks; the loop cannot
     session = _session(engine)
     session.apply_edits(EDITS["splice"], want_logits=True)
+    assert loops == []
+
+
+def _decode(engine: Engine, base: SessionCache, steps: int) -> tuple[list[torch.Tensor], KVCache]:
+    """``steps`` greedy decode steps after ``base``'s tokens, on a copy of its KV."""
+    buffers = buffers_holding(base.kv, len(base.tokens) + steps)
+    length, token, logits = len(base.tokens), base.tokens[-1], []
+    for _ in range(steps):
+        logits.append(engine.forward_into(buffers, length, [token]))
+        length, token = length + 1, int(logits[-1].argmax())
+    return logits, filled(buffers, length)
+
+
+def test_a_decode_step_takes_the_loop_bitwise(
+    engine: Engine, loops: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = _session(engine)
+    monkeypatch.setenv(SWITCH, "0")
+    by_model = _decode(engine, base, 3)
+    assert loops == []
+    monkeypatch.setenv(SWITCH, "1")
+    fused = _decode(engine, base, 3)
+    assert loops == [1, 1, 1]
+    assert all(torch.equal(a, b) for a, b in zip(fused[0], by_model[0], strict=True))
+    assert kv_bitwise_equal(fused[1], by_model[1])
+
+
+def test_a_real_model_generation_is_the_same_with_the_loop(
+    smollm2_engine: Engine,
+    kernel: attention_kernel.AttentionKernel,
+    loops: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    base = SessionCache(smollm2_engine)
+    base.prefill(random_tokens(700, smollm2_engine.vocab_size, seed=6))
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    monkeypatch.setenv(SWITCH, "0")
+    plain = base.fork(copy_kv=True)
+    expected = plain.generate(params)
+    assert loops == []
+    monkeypatch.setenv(SWITCH, "1")
+    fused = base.fork(copy_kv=True)
+    got = fused.generate(params)
+    assert len(loops) == len(got.tokens) - 1 >= 1  # every step after the prefill's logits
+    assert got.tokens == expected.tokens
+    assert torch.equal(fused.next_token_logits(), plain.next_token_logits())
+    assert kv_bitwise_equal(fused.kv, plain.kv)
+
+
+def _rows(sessions: Sequence[SessionCache], room: int) -> list[Row]:
+    return [
+        Row(buffers_holding(s.kv, len(s.tokens) + room), len(s.tokens), s.tokens[-1])
+        for s in sessions
+    ]
+
+
+def test_a_batched_decode_step_takes_the_loop_bitwise(
+    engine: Engine, loops: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert engine.batches_decode
+    sessions = []
+    for n, seed in ((900, 1), (640, 2), (1203, 3)):  # rows of their own lengths
+        session = SessionCache(engine)
+        session.prefill(random_tokens(n, engine.vocab_size, seed=seed))
+        sessions.append(session)
+    results = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv(SWITCH, switch)
+        rows = _rows(sessions, 2)
+        first = engine.forward_rows(rows)
+        rows = [
+            Row(r.buffers, r.length + 1, int(x.argmax())) for r, x in zip(rows, first, strict=True)
+        ]
+        results[switch] = (first, engine.forward_rows(rows), rows)
+    assert loops == [3, 3]
+    by_model, fused = results["0"], results["1"]
+    assert torch.equal(fused[0], by_model[0]) and torch.equal(fused[1], by_model[1])
+    for a, b in zip(fused[2], by_model[2], strict=True):
+        assert kv_bitwise_equal(filled(a.buffers, a.length + 1), filled(b.buffers, b.length + 1))
+
+
+def test_a_short_cache_or_a_full_buffer_runs_the_models_forward(
+    engine: Engine, loops: list[int]
+) -> None:
+    short = SessionCache(engine)
+    short.prefill(random_tokens(20, engine.vocab_size, seed=2))  # below the kernel's shortest
+    _decode(engine, short, 1)
+    assert loops == []
+    base = _session(engine)
+    buffers = [[t.clone() for t in layer] for layer in base.kv]  # no room for another position
+    with pytest.raises(ValueError, match="buffer holds"):
+        engine.forward_into(buffers, len(base.tokens), [5])
     assert loops == []
 
 
