@@ -405,9 +405,17 @@ int32_t leyline_packed_linear(const void *w, int64_t n, int64_t k, int64_t kp,
         }
         for (int64_t i = 0; i < rows; i++)
             memcpy(xb + i * kp, (const uint16_t *)x + i * x_stride, (size_t)k * 2);
+        /* Up to 32 rows (one group), A and C tiles as tall as the rows they hold (the
+           second's: the rows past 16), so the tile unit does no work on padding: over
+           SmolLM2's products 17 rows 1.06-1.11x, 1-8 rows 1.07x. */
+        uint8_t shape[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+        int first = rows < 16 ? (int)rows : 16;
+        int second = rows > 16 && rows <= 32 ? (int)(rows - 16) : 16;
+        shape[0] = shape[1] = shape[4] = (uint8_t)first;
+        shape[2] = shape[3] = shape[5] = (uint8_t)second;
 #pragma omp parallel num_threads(threads) if (threads > 1)
         {
-            kb_tiles_configure(kb_full_tiles);
+            kb_tiles_configure(shape);
             int me = 0;
 #ifdef _OPENMP
             me = omp_get_thread_num();
