@@ -237,17 +237,16 @@ def _fused_beside(
     rotate: RotateQuery,
 ) -> torch.Tensor | None:
     """Phase 1 as one loop over the model's fused layers (``fused_forward``), each layer's
-    attention from kernel calls prepared once (``segment_attention.prepare_plan``): the
-    same computation as the model's forward, bitwise, without its Python. None where the
-    model or the attention does not take it; the caller runs the model's forward."""
+    attention prepared once for all layers (``segment_attention.prepare_plan``): the same
+    computation as the model's forward, bitwise, without its Python. None where the model
+    does not take it; the caller runs the model's forward."""
     fused = fused_model(model)
     if fused is None or len(tokens) > fused.max_rows:
         return None
-    plan = SegmentPlan(kv, segment_runs(runs, positions, 0, len(tokens)), rotate)
-    prepared = prepare_plan(plan, side, fused.heads, fused.scale)
-    if prepared is None:
-        return None
     m = len(tokens)
+    plan = SegmentPlan(kv, segment_runs(runs, positions, 0, m), rotate)
+    mask = causal_mask_at(torch.arange(m), m, kv[0][0].dtype, model.device)
+    prepared = prepare_plan(plan, side, mask, fused.heads, fused.scale)
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         keys, values = side[layer]

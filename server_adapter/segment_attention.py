@@ -155,47 +155,66 @@ def run_seen(run: SegmentRun, lengths: Sequence[int]) -> list[list[int]]:
 
 
 class PreparedPlan:
-    """:func:`segmented_attention` at every layer of one forward whose runs all go to the
-    attention kernel, each run's call checked and tabled once (:meth:`AttentionKernel.prepare`)
-    rather than at each of the forward's layers (``fused_forward``'s splice pass)."""
+    """:func:`segmented_attention` at every layer of one forward, each run's work prepared
+    once rather than at each layer (``fused_forward``'s splice pass): a run that goes to
+    the attention kernel has its call checked and tabled for all layers
+    (:meth:`AttentionKernel.prepare`); one that goes to torch's flash kernel (a run too
+    short for the kernel, or measured slower there: :func:`kernel_route`) has its
+    segments' views and mask cut once. Each computes what :func:`segmented_attention`
+    does, bitwise."""
 
-    __slots__ = ("_calls", "_plan", "_runs")
+    __slots__ = ("_plan", "_runs", "_scale")
 
     def __init__(
         self,
         plan: SegmentPlan,
-        runs: Sequence[tuple[SegmentRun, tuple[int, ...]]],
-        calls: Sequence[attention_kernel.PreparedCall],
+        runs: Sequence[tuple[SegmentRun, tuple[int, ...], _RunWork]],
+        scale: float | None,
     ) -> None:
-        self._plan, self._runs, self._calls = plan, tuple(runs), tuple(calls)
+        self._plan, self._runs, self._scale = plan, tuple(runs), scale
 
     def attend(self, layer: int, query: torch.Tensor) -> torch.Tensor:
         """:func:`segmented_attention`'s result for ``query [1, heads, m, d]`` at
         ``layer``, as ``[1, m, heads * dv]`` contiguous in the query's dtype."""
         outs = []
-        for (run, deltas), call in zip(self._runs, self._calls, strict=True):
+        for run, deltas, work in self._runs:
             q = query[:, :, run.first : run.end]
             rotated = {0: q}
             for delta in deltas:
                 if delta not in rotated:
                     rotated[delta] = self._plan.rotate(q, -delta)
-            queries = torch.stack([rotated[delta][0] for delta in deltas])
-            outs.append(call(layer, queries.to(torch.float32)))
+            queries = [rotated[delta] for delta in deltas]  # one per segment, the side's last
+            if isinstance(work, attention_kernel.PreparedCall):
+                stacked = torch.stack([x[0] for x in queries]).to(torch.float32)
+                outs.append(work(layer, stacked))
+                continue
+            segments, mask = work[layer]
+            parts = [attend_part(x, k, v, None, self._scale)
+                     for x, (k, v) in zip(queries[:-1], segments[:-1], strict=True)]  # fmt: skip
+            parts.append(attend_part(queries[-1], *segments[-1], mask, self._scale))
+            outs.append(merge_parts(parts)[0])
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         return out.to(query.dtype).transpose(0, 1).reshape(1, query.shape[2], -1).contiguous()
 
 
+_Segments = list[tuple[torch.Tensor, torch.Tensor]]
+_RunWork = attention_kernel.PreparedCall | list[tuple[_Segments, torch.Tensor | None]]
+"""A run's kernel call, or per layer its segments' views and the side entries' mask."""
+
+
 def prepare_plan(
-    plan: SegmentPlan, side: Sequence[Sequence[torch.Tensor]], heads: int, scale: float | None
-) -> PreparedPlan | None:
-    """``plan``'s attention prepared for every layer, its side entries in ``side`` (per
-    layer, ``(keys, values)`` buffers ``[1, kv_heads, capacity, d]``), or None where a run
-    would not go to the kernel (:func:`kernel_route`: the caller runs
-    :func:`segmented_attention` per layer)."""
+    plan: SegmentPlan,
+    side: Sequence[Sequence[torch.Tensor]],
+    side_mask: torch.Tensor,
+    heads: int,
+    scale: float | None,
+) -> PreparedPlan:
+    """``plan``'s attention prepared for every layer: its side entries in ``side`` (per
+    layer, ``(keys, values)`` buffers ``[1, kv_heads, capacity, d]``), ``side_mask`` as
+    :func:`segmented_attention` takes it (additive ``[1, 1, m, m]`` over the forward's
+    ``m`` rows), each run routed as that function routes it."""
     kernel = attention_kernel.load()
-    if kernel is None:
-        return None
-    runs, calls = [], []
+    runs: list[tuple[SegmentRun, tuple[int, ...], _RunWork]] = []
     for run in plan.runs:
         m, n = run.end - run.first, run.side_seen
         layers = [
@@ -205,12 +224,14 @@ def prepare_plan(
         ]
         query = torch.empty(1, heads, m, layers[0][0][0].shape[3], dtype=layers[0][0][0].dtype)
         route = kernel_route(kernel, [(query, k, v) for k, v in layers[0]])
-        if route is None:
-            return None
-        seen = None if route == "lone" else run_seen(run, [k.shape[2] for k, _ in layers[0]])
-        calls.append(kernel.prepare(layers, heads, m, scale, seen))
-        runs.append((run, (*(s.delta for s in run.kept), 0)))
-    return PreparedPlan(plan, runs, calls)
+        deltas = (*(s.delta for s in run.kept), 0)
+        if kernel is not None and route is not None:
+            seen = None if route == "lone" else run_seen(run, [k.shape[2] for k, _ in layers[0]])
+            runs.append((run, deltas, kernel.prepare(layers, heads, m, scale, seen)))
+            continue
+        mask = side_mask[..., run.first : run.end, :n] if m > 1 else None
+        runs.append((run, deltas, [(segments, mask) for segments in layers]))
+    return PreparedPlan(plan, runs, scale)
 
 
 def attend_part(

@@ -22,6 +22,7 @@ from leyline.server_adapter.forward import buffers_holding, filled
 from leyline.server_adapter.fused_forward import SWITCH, FusedModel, fused_model
 from leyline.server_adapter.kv_blocks import KVCache
 from leyline.server_adapter.lean_layers import unfuse, use_lean_layers
+from leyline.server_adapter.run_choice import RunMode
 from leyline.server_adapter.sampling import SamplingParams
 from leyline.server_adapter.segment_attention import PreparedPlan
 from leyline.server_adapter.session import SessionCache
@@ -47,16 +48,29 @@ EDITS = {
 }
 
 
-@pytest.fixture
-def kernel() -> Iterator[attention_kernel.AttentionKernel]:
-    """The attention kernel with every run it takes sent to it (not measured against
-    torch's on this CPU), so the prepared path is the one under test."""
+def _kernel_sending_runs(mode: RunMode) -> Iterator[attention_kernel.AttentionKernel]:
     loaded = attention_kernel.load()
     if loaded is None:
         pytest.fail(f"attention kernel unavailable: {attention_kernel.status().reason}")
-    was, loaded.run_choice.mode = loaded.run_choice.mode, "kernel"
+    was, loaded.run_choice.mode = loaded.run_choice.mode, mode
     yield loaded
     loaded.run_choice.mode = was
+
+
+@pytest.fixture
+def kernel() -> Iterator[attention_kernel.AttentionKernel]:
+    """The attention kernel with every run it takes sent to it (not measured against
+    torch's on this CPU), so the prepared kernel calls are the ones under test."""
+    yield from _kernel_sending_runs("kernel")
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def runs_to(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A replacement's runs sent to the kernel, or to torch's flash kernel segment by
+    segment (as on a CPU where torch's measured faster); a lone query goes to the kernel
+    either way."""
+    for _ in _kernel_sending_runs(request.param):
+        yield str(request.param)
 
 
 @pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -104,7 +118,7 @@ def _edited(
 
 @pytest.mark.parametrize("name", sorted(EDITS))
 def test_the_fused_loop_is_the_models_forward_bitwise(
-    engine: Engine, name: str, loops: list[int], monkeypatch: pytest.MonkeyPatch
+    engine: Engine, name: str, runs_to: str, loops: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base = _session(engine)
     by_model = _edited(base, EDITS[name], False, monkeypatch)
@@ -220,6 +234,20 @@ def test_the_loop_refuses_more_rows_than_its_layers_take(llama_engine: Engine) -
         fused.logits([[5, 6], [7]], [[0, 1], [0]], lambda *_: torch.empty(0))
     with pytest.raises(ValueError, match="one position per token"):
         fused.logits([[5, 6]], [[0]], lambda *_: torch.empty(0))
+
+
+def test_a_splice_near_the_start_takes_the_loop_with_its_run_on_torch(
+    engine: Engine, loops: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replacement sees fewer keys than the kernel's shortest run: its run goes to
+    torch's flash kernel, inside the loop, and the pass is still the model's, bitwise."""
+    edit = [Edit(40, 60, _stub(6, 3), Mode.amortize)]
+    base = _session(engine)
+    by_model = _edited(base, edit, False, monkeypatch)
+    fused = _edited(base, edit, True, monkeypatch)
+    assert loops == [7]
+    assert torch.equal(fused.next_token_logits(), by_model.next_token_logits())
+    assert kv_bitwise_equal(fused.kv, by_model.kv)
 
 
 def test_a_pass_longer_than_the_chunk_runs_the_models_forward(
