@@ -1,15 +1,18 @@
-"""The lean decoder-layer forward (``lean_layers``) and the fused few-row layers
-(``layer_kernel``) against transformers' own forward, per operation.
+"""The lean decoder-layer forward (``lean_layers``), the fused few-row layers
+(``layer_kernel``) and the loop over them (``fused_forward``) against transformers' own
+forward, per operation.
 
 One engine per dtype; for each context a prefilled session, then three operations on a
 private copy of it, each run with transformers' layer forward (``plain``), the lean one
-without the fused layers (``lean``) and with them (``fused``: few-row forwards in two
-foreign calls per layer where every product runs on ``linear_kernel``), interleaved so the
-machine's noise hits the arms alike: a decode step (one token), a delete with next-token
-logits (a 300-token span at a quarter of the context, in place), and a splice with logits
-(the same span replaced by 16 tokens). Figures are medians; ``x`` is plain / lean and
-lean / fused. plain and lean compute bitwise the same (``test_lean_layers.py``), fused the
-same within rounding (``test_layer_kernel.py``).
+without the fused layers (``lean``), with them inside the model's forward (``fused``:
+few-row forwards in two foreign calls per layer where every product runs on
+``linear_kernel``; ``LEYLINE_FUSED_FORWARD=0``) and with the model's forward replaced by one
+loop over them (``loop``, the engine's default), interleaved so the machine's noise hits the
+arms alike: a decode step (one token), a delete with next-token logits (a 300-token span at
+a quarter of the context, in place), and a splice with logits (the same span replaced by 16
+tokens). Figures are medians; ``x`` is plain / lean, lean / fused and fused / loop. plain
+and lean compute bitwise the same (``test_lean_layers.py``), fused the same within rounding
+(``test_layer_kernel.py``), loop bitwise as fused (``test_fused_forward.py``).
 
 Run: ``.venv/bin/python evals/bench_lean_layers.py`` (``--quick`` for a smoke run).
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -32,6 +36,7 @@ from leyline.server_adapter import layer_kernel
 from leyline.server_adapter.allocator import retain_freed_memory
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.forward import buffers_holding
+from leyline.server_adapter.fused_forward import SWITCH as LOOP_SWITCH
 from leyline.server_adapter.lean_layers import drop_lean_layers, unfuse, use_lean_layers
 from leyline.server_adapter.session import SessionCache
 
@@ -74,7 +79,7 @@ def timed(op: Op) -> float:
     return ms
 
 
-ARMS = ("plain", "lean", "fused")
+ARMS = ("plain", "lean", "fused", "loop")
 
 
 def bench(engine: Engine, n: int, runs: int) -> dict[str, tuple[float, ...]]:
@@ -88,18 +93,33 @@ def bench(engine: Engine, n: int, runs: int) -> dict[str, tuple[float, ...]]:
         use_lean_layers(engine.model)
         unfuse(engine.model)
 
+    def fused(loop: bool) -> Callable[[], object]:
+        def switch() -> None:
+            use_lean_layers(engine.model)
+            os.environ[LOOP_SWITCH] = "1" if loop else "0"
+
+        return switch
+
     arms: dict[str, Callable[[], object]] = {
         "plain": lambda: drop_lean_layers(engine.model),
         "lean": lean,
-        "fused": lambda: use_lean_layers(engine.model),
+        "fused": fused(False),
+        "loop": fused(True),
     }
-    for round_ in range(runs + 1):  # the first round warms up
-        for name, op in ops.items():
-            for arm, switch in arms.items():
-                switch()
-                ms = timed(op)
-                if round_:
-                    times.setdefault((name, arm), []).append(ms)
+    was = os.environ.get(LOOP_SWITCH)
+    try:
+        for round_ in range(runs + 1):  # the first round warms up
+            for name, op in ops.items():
+                for arm, switch in arms.items():
+                    switch()
+                    ms = timed(op)
+                    if round_:
+                        times.setdefault((name, arm), []).append(ms)
+    finally:
+        if was is None:
+            os.environ.pop(LOOP_SWITCH, None)
+        else:
+            os.environ[LOOP_SWITCH] = was
     use_lean_layers(engine.model)
     base.release()
     return {name: tuple(statistics.median(times[name, arm]) for arm in ARMS) for name in ops}
@@ -133,13 +153,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict[int, dict[str, tuple[f
             f"# {dtype}: {engine.lean_layers} lean layers, {fused} fused "
             f"({layer_kernel.status().detail}); {engine.packing.describe()}"
         )
-        print("context | operation      | plain_ms  lean_ms fused_ms | plain/lean lean/fused")
+        print(
+            "context | operation      | plain_ms  lean_ms fused_ms  loop_ms | "
+            "plain/lean lean/fused fused/loop"
+        )
         for n in args.contexts:
             figures = results.setdefault(dtype, {})[n] = bench(engine, n, args.runs)
-            for name, (plain, lean, fast) in figures.items():
+            for name, (plain, lean, fast, loop) in figures.items():
                 print(
-                    f"{n:7d} | {name:14s} | {plain:8.1f} {lean:8.1f} {fast:8.1f} | "
-                    f"{plain / lean:9.2f}x {lean / fast:9.2f}x"
+                    f"{n:7d} | {name:14s} | {plain:8.1f} {lean:8.1f} {fast:8.1f} {loop:8.1f} | "
+                    f"{plain / lean:9.2f}x {lean / fast:9.2f}x {fast / loop:9.2f}x"
                 )
     return results
 
