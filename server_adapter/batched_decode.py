@@ -27,10 +27,9 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from . import attention_kernel
-from .decode_attention import KERNEL_MIN_KEYS, single_query_attention, takes_single_query
+from .decode_attention import single_query_attention, takes_single_query
 from .forward import KVBuffers
-from .fused_forward import fused_model
+from .fused_forward import decode_rows
 
 ROWS_KWARG = "leyline_rows"
 """The model-forward keyword that carries the rows to :func:`rows_attention`."""
@@ -133,8 +132,8 @@ def forward_rows(model: PreTrainedModel, rows: Sequence[Row]) -> torch.Tensor:
     mode = decode_mode(model)
     if mode == "rows" and not batches_decode(model):
         raise ValueError("per-row attention needs the engine's grouped SDPA (``attention``)")
-    if mode == "rows":
-        stepped = _fused_rows(model, rows)
+    if mode == "rows":  # the fused loop where it applies
+        stepped = decode_rows(model, [(r.buffers, r.length, r.token) for r in rows])
         if stepped is not None:
             return stepped
     dtype = rows[0].buffers[0][0].dtype
@@ -159,43 +158,6 @@ def forward_rows(model: PreTrainedModel, rows: Sequence[Row]) -> torch.Tensor:
     )
     logits: torch.Tensor = out.logits[:, -1]
     return logits.float()
-
-
-def _fused_rows(model: PreTrainedModel, rows: Sequence[Row]) -> torch.Tensor | None:
-    """The step as one loop over the fused layers (``fused_forward``), each row's query on
-    the single-query kernel over its own buffer, every row's call checked and tabled once
-    for all layers: what :func:`rows_attention` computes for rows past the kernel's
-    shortest cache, bitwise. None, having written nothing, where the loop does not apply
-    (no fused model, too many rows for the fused layers, a row's cache too short for the
-    kernel or its buffers without room)."""
-    fused = fused_model(model)
-    kernel = attention_kernel.load()
-    if fused is None or kernel is None or len(rows) > fused.max_rows:
-        return None
-    shortest = KERNEL_MIN_KEYS.get(fused.layers[0].dtype)
-    calls = []
-    for r in rows:
-        n = r.length + 1
-        if shortest is None or n < shortest or len(r.buffers) != len(fused.layers):
-            return None
-        if any(len(s) != 2 or s[0].shape[-2] < n or s[1].shape[-2] < n for s in r.buffers):
-            return None
-        try:
-            layers = [[(k[:, :, :n], v[:, :, :n])] for k, v in r.buffers]
-            calls.append(kernel.prepare(layers, fused.heads, 1, fused.scale))
-        except ValueError:
-            return None
-
-    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        outs = []
-        for b, (r, call) in enumerate(zip(rows, calls, strict=True)):
-            keys, values = r.buffers[layer]
-            keys[:, :, r.length : r.length + 1].copy_(k[b : b + 1].transpose(1, 2))
-            values[:, :, r.length : r.length + 1].copy_(v[b : b + 1].transpose(1, 2))
-            outs.append(call(layer, q[b : b + 1].transpose(1, 2).to(torch.float32).contiguous()))
-        return torch.stack(outs).to(q.dtype).reshape(len(rows), 1, -1)
-
-    return fused.logits([[r.token] for r in rows], [[r.length] for r in rows], attend)
 
 
 def rows_attention(

@@ -20,9 +20,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from . import attention_kernel
-from .decode_attention import KERNEL_MIN_KEYS
-from .fused_forward import fused_model
+from .fused_forward import decode_rows
 from .kv_blocks import KVCache
 from .yield_points import chunk_boundary
 
@@ -118,9 +116,9 @@ def forward_into(
     if not tokens:
         raise ValueError("forward_into needs at least one token")
     if buffers and len(tokens) == 1:  # a decode step: the fused loop where it applies
-        stepped = _fused_step(model, buffers, length, tokens[0])
+        stepped = decode_rows(model, [(buffers, length, tokens[0])])
         if stepped is not None:
-            return stepped
+            return stepped[0]
     cap = capacity if capacity is not None else length + len(tokens)
     layers = [BufferedLayer(slots, length, cap) for slots in buffers]
     cache = DynamicCache()
@@ -141,42 +139,6 @@ def forward_into(
         buffers.extend(layer.slots for layer in cache.layers)  # type: ignore[union-attr]
     assert logits is not None
     return logits.float()
-
-
-def _fused_step(
-    model: PreTrainedModel, buffers: KVBuffers, length: int, token: int
-) -> torch.Tensor | None:
-    """One token at position ``length`` as :func:`forward_into` runs it, through the fused
-    layers' loop (``fused_forward``): its key and value written at ``length``, its query on
-    the single-query kernel over the ``length + 1`` positions, the call checked and tabled
-    once for all layers. The model's forward makes the same calls on the same values (its
-    attention function sends such a query to the same kernel, ``decode_attention``), so the
-    logits and KV are bitwise its. None, having written nothing, where the loop does not
-    apply: no fused model, a cache too short for the kernel (the model's forward takes
-    other products there), or buffers without room."""
-    fused = fused_model(model)
-    kernel = attention_kernel.load()
-    n = length + 1
-    if fused is None or kernel is None or n < KERNEL_MIN_KEYS.get(fused.layers[0].dtype, n + 1):
-        return None
-    if len(buffers) != len(fused.layers) or any(
-        len(slots) != 2 or slots[0].shape[-2] < n or slots[1].shape[-2] < n for slots in buffers
-    ):
-        return None
-    try:
-        call = kernel.prepare([[(k[:, :, :n], v[:, :, :n])] for k, v in buffers], fused.heads, 1,
-                              fused.scale)  # fmt: skip
-    except ValueError:
-        return None  # buffers the kernel does not take: the model's forward decides
-
-    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        keys, values = buffers[layer]
-        keys[:, :, length:n].copy_(k.transpose(1, 2))
-        values[:, :, length:n].copy_(v.transpose(1, 2))
-        out = call(layer, q.transpose(1, 2).to(torch.float32).contiguous())
-        return out.to(q.dtype).reshape(1, 1, -1)
-
-    return fused.logits([[token]], [[length]], attend)[0]
 
 
 class PlacedLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # unannotated __init_subclass__

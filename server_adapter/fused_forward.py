@@ -1,7 +1,8 @@
 """A few rows through a Llama model whose layers are all fused, without transformers' forward.
 
-A splice's pass (its 16-token stub and the last token again) and a delete's last token go
-through the model as one forward of a few rows. With every decoder layer fused
+A splice's pass (its 16-token stub and the last token again), a delete's last token and a
+decode step (one generation's, or a batch of them) go through the model as one forward of
+a few rows. With every decoder layer fused
 (``layer_kernel``) and the attention on the kernel, what was left around those C calls was
 Python: ``LlamaForCausalLM.forward`` and its wrappers, the lean layer's checks, the cache
 layer's update, the attention function's dispatch, and per layer and run the segment
@@ -13,7 +14,8 @@ that was about 9 of its 48 ms (2 cores), while the kernels' second thread waited
 in-place edit's :class:`~.segment_attention.PreparedPlan`, whose kernel calls are checked
 and tabled once for all layers). It calls the same modules and kernels on the same values
 in the same order, so its logits and KV are bitwise those of the model's forward
-(``tests/server_adapter/test_fused_forward.py``).
+(``tests/server_adapter/test_fused_forward.py``). :func:`decode_rows` runs decode steps
+through it, each row's query on the single-query kernel over its own buffer.
 
 :func:`fused_model` returns None for any model it does not take whole: not exactly
 transformers' ``LlamaForCausalLM`` of lean layers, a layer not fused, a forward hook the
@@ -28,15 +30,20 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.llama import modeling_llama as llama
 
+from . import attention_kernel
+from .decode_attention import KERNEL_MIN_KEYS
 from .layer_kernel import FusedLayer, hooked
 from .lean_layers import FUSED
+
+if TYPE_CHECKING:
+    from .forward import KVBuffers  # forward imports this module
 
 SWITCH = "LEYLINE_FUSED_FORWARD"
 
@@ -148,3 +155,49 @@ def _capturing(hook: object) -> bool:
 
 
 _CAPTURING_MODULE = "transformers.utils.output_capturing"
+
+
+DecodeRow = tuple["KVBuffers", int, int]
+"""One generation's decode step: its buffers (per layer ``[keys, values]``, room past
+``length``), the position ``length`` its token runs at, and the token."""
+
+
+def decode_rows(model: PreTrainedModel, rows: Sequence[DecodeRow]) -> torch.Tensor | None:
+    """One decode step of each row (a single generation's, or a batched step's) through the
+    fused loop: each row's key and value written at its position, its query on the
+    single-query kernel over its own buffer, every row's call checked and tabled once for
+    all layers; fp32 logits ``[rows, vocab]``. The model's forward makes the same calls on
+    the same values (its attention function sends such queries to the same kernel:
+    ``decode_attention``, ``batched_decode.rows_attention``), so logits and KV are bitwise
+    its. None, having written nothing, where the loop does not apply: no fused model, more
+    rows than the fused layers take, a row's cache too short for the kernel (the model's
+    forward takes other products there) or its buffers without room."""
+    fused = fused_model(model)
+    kernel = attention_kernel.load()
+    if fused is None or kernel is None or not 0 < len(rows) <= fused.max_rows:
+        return None
+    shortest = KERNEL_MIN_KEYS.get(fused.layers[0].dtype)
+    calls = []
+    for buffers, length, _ in rows:
+        n = length + 1
+        if shortest is None or n < shortest or len(buffers) != len(fused.layers):
+            return None
+        if any(len(s) != 2 or s[0].shape[-2] < n or s[1].shape[-2] < n for s in buffers):
+            return None
+        try:
+            layers = [[(k[:, :, :n], v[:, :, :n])] for k, v in buffers]
+            calls.append(kernel.prepare(layers, fused.heads, 1, fused.scale))
+        except ValueError:
+            return None  # buffers the kernel does not take: the model's forward decides
+
+    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for b, ((buffers, length, _), call) in enumerate(zip(rows, calls, strict=True)):
+            keys, values = buffers[layer]
+            keys[:, :, length : length + 1].copy_(k[b : b + 1].transpose(1, 2))
+            values[:, :, length : length + 1].copy_(v[b : b + 1].transpose(1, 2))
+            outs.append(call(layer, q[b : b + 1].transpose(1, 2).to(torch.float32).contiguous()))
+        return torch.stack(outs).to(q.dtype).reshape(len(rows), 1, -1)
+
+    return fused.logits([[token] for _, _, token in rows], [[length] for _, length, _ in rows],
+                        attend)  # fmt: skip

@@ -51,7 +51,7 @@ EDITS = {
 def _kernel_sending_runs(mode: RunMode) -> Iterator[attention_kernel.AttentionKernel]:
     loaded = attention_kernel.load()
     if loaded is None:
-        pytest.fail(f"attention kernel unavailable: {attention_kernel.status().reason}")
+        pytest.fail(f"attention kernel unavailable: {attention_kernel.status().detail}")
     was, loaded.run_choice.mode = loaded.run_choice.mode, mode
     yield loaded
     loaded.run_choice.mode = was
