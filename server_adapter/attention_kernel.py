@@ -1303,8 +1303,9 @@ class PreparedCall:
     layer of a forward (an in-place edit's layers read the same positions of their own
     buffers): checked and tabled once (:meth:`AttentionKernel.prepare`), so that a call
     costs the C function and its output alone. :meth:`AttentionKernel.attend_segments` and
-    :meth:`~AttentionKernel.attend_runs` are one layer's such call; in a splice's pass
-    their per-call checks and tables were about 2 ms of Python over its 60 calls."""
+    :meth:`~AttentionKernel.attend_runs` are one layer's such call. Their checks and tables
+    on every call were part of the 6-7 ms of Python that a 4k bf16 splice spent around its
+    attention's 60 calls (docs/perf.md)."""
 
     __slots__ = ("_fn", "_qshape", "_scale", "_seen", "_tables", "_threads", "bf16", "dv")
 
@@ -1349,6 +1350,13 @@ class PreparedCall:
         ):
             raise ValueError(f"queries: fp32 {list(self._qshape)} contiguous expected")
         count, heads, m, d = self._qshape
+        if lse is not None and (
+            self._seen is not None
+            or lse.numel() != heads
+            or lse.dtype != torch.float32
+            or not lse.is_contiguous()
+        ):
+            raise ValueError(f"lse: a lone query's call writes fp32 [{heads}] contiguous")
         t = self._tables[layer]
         out = torch.empty(heads, m, self.dv, dtype=torch.float32)
         if self._seen is None:

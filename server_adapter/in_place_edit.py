@@ -193,13 +193,10 @@ def _forward_beside(
     def rotate(q: torch.Tensor, delta: int) -> torch.Tensor:
         return delta_rotate(q, delta, rope.inv_freq, layout.pairing, offset=layout.offset)
 
-    direct = (
-        None
-        if len(tokens) > chunk
-        else _fused_beside(model, kv, side, runs, positions, tokens, rotate)
-    )
-    if direct is not None:
-        return direct
+    if len(tokens) <= chunk:  # a longer pass yields between its chunks: the model's forward
+        direct = _fused_beside(model, kv, side, runs, positions, tokens, rotate)
+        if direct is not None:
+            return direct
     device, dtype = model.device, kv[0][0].dtype
     logits: torch.Tensor | None = None
     for lo in range(0, len(tokens), chunk):
@@ -245,7 +242,7 @@ def _fused_beside(
         return None
     m = len(tokens)
     plan = SegmentPlan(kv, segment_runs(runs, positions, 0, m), rotate)
-    mask = causal_mask_at(torch.arange(m), m, kv[0][0].dtype, model.device)
+    mask = causal_mask_at(torch.arange(m, device=model.device), m, kv[0][0].dtype, model.device)
     prepared = prepare_plan(plan, side, mask, fused.heads, fused.scale)
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -403,5 +403,7 @@ def test_prepare_refuses_layers_that_lie_otherwise_and_calls_check_their_queries
         call(0, torch.zeros(2, 4, 2, 64))  # two queries where the call was prepared for one
     with pytest.raises(ValueError, match="queries"):
         call(0, torch.zeros(2, 4, 1, 64, dtype=torch.float64))
+    with pytest.raises(ValueError, match="lse"):
+        call(0, torch.zeros(2, 4, 1, 64), torch.zeros(3))  # four heads' log-sum-exps
     with pytest.raises(ValueError, match="see at least one key"):
         kernel.prepare(layers[:1], 4, 2, None, [[0, 0], [0, 1]])
