@@ -31,6 +31,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
+from weakref import WeakKeyDictionary
 
 import torch
 from torch import nn
@@ -106,21 +107,41 @@ class FusedModel:
 
 def fused_model(model: PreTrainedModel) -> FusedModel | None:
     """``model`` as a :class:`FusedModel`, or None where it cannot run so (module
-    docstring)."""
+    docstring). Called on every pass: what only changes with the fused layers is worked out
+    once per set of them; the switch, the config and the hooks are looked at each time."""
     if os.environ.get(SWITCH, "").strip() == "0":
         return None
     if type(model) is not llama.LlamaForCausalLM or type(model.model) is not llama.LlamaModel:
         return None
     if getattr(model.config, "output_attentions", False):
         return None
-    decoder_layers = cast(list[llama.LlamaDecoderLayer], list(model.model.layers))
-    layers = [vars(layer).get(FUSED) for layer in decoder_layers]
-    if not layers or any(layer is None for layer in layers):
-        return None
-    fused = tuple(layer for layer in layers if layer is not None)
-    if _skips_a_hook([model, model.model, *decoder_layers]) or any(
-        hooked(layer.keep) for layer in fused
+    layers = tuple(vars(layer).get(FUSED) for layer in model.model.layers)
+    cached = _BUILT.get(model)
+    if (
+        cached is None
+        or len(cached[0]) != len(layers)
+        or any(a is not b for a, b in zip(cached[0], layers, strict=True))
     ):
+        cached = _BUILT[model] = (layers, _build(model, layers))
+    built = cached[1]
+    if built is None or _skips_a_hook(built):
+        return None
+    return built[0]
+
+
+_BUILT: WeakKeyDictionary[PreTrainedModel, tuple[tuple[FusedLayer | None, ...], _Built | None]]
+_BUILT = WeakKeyDictionary()
+"""Per model, its fused layers when last seen and what :func:`_build` made of them."""
+
+_Built = tuple[FusedModel, tuple[nn.Module, ...], tuple[nn.Module, ...]]
+"""The model, the modules the loop skips (their hooks would not fire) and the products
+(a hooked one runs as a module: the lean path)."""
+
+
+def _build(model: PreTrainedModel, layers: tuple[FusedLayer | None, ...]) -> _Built | None:
+    decoder_layers = cast(list[llama.LlamaDecoderLayer], list(model.model.layers))
+    fused = tuple(layer for layer in layers if layer is not None)
+    if not fused or len(fused) != len(layers):
         return None
     scales = {float(layer.self_attn.scaling) for layer in decoder_layers}
     shapes = {(f.heads, f.kv_heads, f.head_dim, f.dtype) for f in fused}
@@ -128,21 +149,25 @@ def fused_model(model: PreTrainedModel) -> FusedModel | None:
         return None
     if model.model.embed_tokens.weight.dtype != fused[0].dtype:
         return None
-    return FusedModel(model, fused, scales.pop())
+    skipped = (model, model.model, *decoder_layers)
+    products = tuple(m for layer in fused for m in layer.keep)
+    return FusedModel(model, fused, scales.pop()), skipped, products
 
 
-def _skips_a_hook(skipped: Sequence[nn.Module]) -> bool:
+def _skips_a_hook(built: _Built) -> bool:
     """Whether a forward hook would not fire that the model's forward fires: one on a module
     the loop does not call (the model, its decoder, each decoder layer; the lean layers call
-    none of their submodules but the products either), or a module-wide one. transformers'
-    output-capturing hooks do not count: they record only inside a forward asked for hidden
-    states or attention weights (which this loop never is), and once installed by such a
-    forward they stay on the model."""
-    if hooked(()):  # module-wide hooks
+    none of their submodules but the products either), one on a product, or a module-wide
+    one. transformers' output-capturing hooks do not count: they record only inside a
+    forward asked for hidden states or attention weights (which this loop never is), and
+    once installed by such a forward they stay on the model."""
+    _, skipped, products = built
+    if hooked(products):  # module-wide hooks too
         return True
     return any(
         not _capturing(hook)
         for module in skipped
+        if module._forward_hooks or module._forward_pre_hooks
         for hook in (*module._forward_hooks.values(), *module._forward_pre_hooks.values())
     )
 
