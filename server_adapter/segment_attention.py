@@ -91,38 +91,9 @@ def segmented_attention(
     """Attention of ``query [1, heads, m, d]`` under ``plan`` at decoder layer ``layer``;
     returns ``[1, m, heads, dv]`` in the query's dtype (the attention function's layout).
     ``side_mask``: additive ``[1, 1, m, side]``, the side entries each query sees."""
-    keys, values = plan.old[layer]
-    kernel = attention_kernel.load()
-    outs: list[torch.Tensor] = []
-    for run in plan.runs:
-        q = query[:, :, run.first : run.end]
-        rotated: dict[int, torch.Tensor] = {0: q}
-        segments = []
-        for seg in run.kept:
-            qd = rotated.get(seg.delta)
-            if qd is None:
-                qd = rotated[seg.delta] = plan.rotate(q, -seg.delta)
-            k, v = keys[:, :, seg.start : seg.end], values[:, :, seg.start : seg.end]
-            segments.append((qd, k, v))
-        n = run.side_seen
-        segments.append((q, side_key[:, :, :n], side_value[:, :, :n]))
-        route = kernel_route(kernel, segments)
-        if kernel is not None and route == "lone":  # every segment in one kernel call
-            out, _ = kernel.attend_segments(segments, scale, checked=True)
-            outs.append(out.to(query.dtype))
-            continue
-        if kernel is not None and route == "runs":
-            seen = run_seen(run, [seg[1].shape[2] for seg in segments])
-            with_seen = [(*seg, c) for seg, c in zip(segments, seen, strict=True)]
-            outs.append(kernel.attend_runs(with_seen, scale, checked=True).to(query.dtype))
-            continue
-        mask = None
-        if run.end - run.first > 1 and side_mask is not None:
-            mask = side_mask[..., run.first : run.end, :n]
-        parts = [attend_part(*seg, None, scale) for seg in segments[:-1]]
-        parts.append(attend_part(*segments[-1], mask, scale))
-        outs.append(merge_parts(parts).to(query.dtype))
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
+    one = SegmentPlan((plan.old[layer],), plan.runs, plan.rotate)
+    prepared = prepare_plan(one, [(side_key, side_value)], side_mask, query.shape[1], scale)
+    return prepared.attend(0, query).view(1, query.shape[2], query.shape[1], -1)
 
 
 def kernel_route(
@@ -155,13 +126,12 @@ def run_seen(run: SegmentRun, lengths: Sequence[int]) -> list[list[int]]:
 
 
 class PreparedPlan:
-    """:func:`segmented_attention` at every layer of one forward, each run's work prepared
-    once rather than at each layer (``fused_forward``'s splice pass): a run that goes to
-    the attention kernel has its call checked and tabled for all layers
-    (:meth:`AttentionKernel.prepare`); one that goes to torch's flash kernel (a run too
-    short for the kernel, or measured slower there: :func:`kernel_route`) has its
-    segments' views and mask cut once. Each computes what :func:`segmented_attention`
-    does, bitwise."""
+    """A plan's attention at every layer of one forward, each run's work prepared once
+    rather than at each layer (``fused_forward``'s splice pass; :func:`segmented_attention`
+    is one layer's plan): a run that goes to the attention kernel has its call checked and
+    tabled for all layers (:meth:`AttentionKernel.prepare`); one that goes to torch's flash
+    kernel (a run too short for the kernel, or measured slower there: :func:`kernel_route`)
+    has its segments' views and mask cut once."""
 
     __slots__ = ("_plan", "_runs", "_scale")
 
@@ -174,8 +144,8 @@ class PreparedPlan:
         self._plan, self._runs, self._scale = plan, tuple(runs), scale
 
     def attend(self, layer: int, query: torch.Tensor) -> torch.Tensor:
-        """:func:`segmented_attention`'s result for ``query [1, heads, m, d]`` at
-        ``layer``, as ``[1, m, heads * dv]`` contiguous in the query's dtype."""
+        """The attention of ``query [1, heads, m, d]`` at ``layer``, as ``[1, m, heads *
+        dv]`` contiguous in the query's dtype."""
         outs = []
         for run, deltas, work in self._runs:
             q = query[:, :, run.first : run.end]
@@ -205,14 +175,14 @@ _RunWork = attention_kernel.PreparedCall | list[tuple[_Segments, torch.Tensor | 
 def prepare_plan(
     plan: SegmentPlan,
     side: Sequence[Sequence[torch.Tensor]],
-    side_mask: torch.Tensor,
+    side_mask: torch.Tensor | None,
     heads: int,
     scale: float | None,
 ) -> PreparedPlan:
     """``plan``'s attention prepared for every layer: its side entries in ``side`` (per
     layer, ``(keys, values)`` buffers ``[1, kv_heads, capacity, d]``), ``side_mask`` as
-    :func:`segmented_attention` takes it (additive ``[1, 1, m, m]`` over the forward's
-    ``m`` rows), each run routed as that function routes it."""
+    :func:`segmented_attention` takes it (additive ``[1, 1, m, side]`` over the forward's
+    ``m`` rows, or None), each run routed by :func:`kernel_route`."""
     kernel = attention_kernel.load()
     runs: list[tuple[SegmentRun, tuple[int, ...], _RunWork]] = []
     for run in plan.runs:
@@ -229,7 +199,7 @@ def prepare_plan(
             seen = None if route == "lone" else run_seen(run, [k.shape[2] for k, _ in layers[0]])
             runs.append((run, deltas, kernel.prepare(layers, heads, m, scale, seen)))
             continue
-        mask = side_mask[..., run.first : run.end, :n] if m > 1 else None
+        mask = None if m == 1 or side_mask is None else side_mask[..., run.first : run.end, :n]
         runs.append((run, deltas, [(segments, mask) for segments in layers]))
     return PreparedPlan(plan, runs, scale)
 

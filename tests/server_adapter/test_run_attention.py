@@ -13,7 +13,7 @@ import torch
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 from leyline.server_adapter import attention_kernel, kernel_build
-from leyline.server_adapter.attention_kernel import AttentionKernel
+from leyline.server_adapter.attention_kernel import AttentionKernel, PreparedCall
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.session import SessionCache
 
@@ -261,15 +261,13 @@ def test_an_in_place_replacement_takes_one_call_equal_to_the_merged_segments(
     side_mask = causal_mask_at(torch.arange(16), 17, torch.float32, torch.device("cpu"))
     kept = (KeptSegment(0, 600, 0), KeptSegment(900, 1000, -300))
     calls: list[int] = []
-    real = AttentionKernel.attend_runs
+    real = PreparedCall.__call__
 
-    def spy(
-        self: AttentionKernel, segments: list[Segment], scale: float | None, *, checked: bool
-    ) -> torch.Tensor:
-        calls.append(len(segments))
-        return real(self, segments, scale, checked=checked)
+    def spy(self: PreparedCall, layer: int, queries: torch.Tensor, *rest: object) -> torch.Tensor:
+        calls.append(queries.shape[0])  # one query per segment
+        return real(self, layer, queries, *rest)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(AttentionKernel, "attend_runs", spy)
+    monkeypatch.setattr(PreparedCall, "__call__", spy)
     for kept_now, expect_call in ((kept, True), (kept[1:], False)):  # 716 keys, then 116
         plan = SegmentPlan(
             ((keys, values),), (SegmentRun(0, 16, kept_now, 16),), lambda q, d: q * 0.5 + d
