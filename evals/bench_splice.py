@@ -29,6 +29,12 @@ products of 17 rows are compute-bound and do not hide behind the weight stream.
 reaches on a large square product (2048^3 in the model's dtype): no kernel for 17 rows does
 better, so where ``pfloor`` exceeds 1.5x ``floor`` the issue's "within 1.5x of the floor"
 cannot be met here by any software (printed per context as ``target``).
+``kvfloor`` adds the bytes the floor leaves out but an exact splice with logits must still
+move: the last token's query reads every key and value of the new context once (read
+bandwidth), and this contiguous cache moves the downstream values beside the rotated keys
+(copy bandwidth). A paged cache would leave the values in place; no cache skips the read.
+Where ``kvfloor`` exceeds 1.5x ``floor`` the target is out of reach of this design by memory
+traffic alone, whatever the arithmetic and the glue cost.
 
 Run: ``.venv/bin/python evals/bench_splice.py`` (``--quick`` for a smoke run).
 """
@@ -80,12 +86,20 @@ class ContextRow:
     delete_reprefill_ms: float
     kl_splice_vs_reprefill: float
     peak_compute_floor_ms: float = 0.0
+    kv_floor_ms: float = 0.0
+    """The floor plus the last query's read of the new KV and the downstream values moved."""
 
     @property
     def floor_target_attainable(self) -> bool:
         """Whether "within 1.5x of the floor" lies above what the matrix products need at
         this machine's best matrix-product rate (``pfloor``)."""
         return 1.5 * self.floor_ms >= self.peak_compute_floor_ms
+
+    @property
+    def floor_target_within_traffic(self) -> bool:
+        """Whether "within 1.5x of the floor" lies above the memory traffic of an exact
+        splice with logits in this cache (``kvfloor``)."""
+        return 1.5 * self.floor_ms >= self.kv_floor_ms
 
     @property
     def ratio(self) -> float:
@@ -145,6 +159,12 @@ class Bandwidth:
         stream = self.weight_bytes / self.read_GBps / 1e6
         products = self.linear_flops / self.gemm_GFLOPs / 1e6
         return max(stream, products) + rotated_bytes / self.copy_GBps / 1e6
+
+    def kv_floor_ms(self, rotated_bytes: int, attended_bytes: int, moved_bytes: int) -> float:
+        """The floor plus the KV traffic it leaves out: ``attended_bytes`` read once (the last
+        query over the new context) and ``moved_bytes`` copied (what moves unrotated)."""
+        extra = attended_bytes / self.read_GBps + moved_bytes / self.copy_GBps
+        return self.floor_ms(rotated_bytes) + extra / 1e6
 
 
 def linear_layers(engine: Engine, rows: int) -> Callable[[], object]:
@@ -343,6 +363,9 @@ def bench_context(
         kls.append(kl(got["reprefill"], got["splice_logits"]))
     downstream = n - end
     rotated = downstream * key_bytes_per_token(engine, base.kv)
+    per_token = kv_nbytes(base.kv) // n
+    attended = (n - (end - start) + len(stub)) * per_token
+    moved = downstream * per_token - rotated
     base.release()
     med = {k: statistics.median(v) for k, v in arms.items()}
     return ContextRow(
@@ -363,6 +386,7 @@ def bench_context(
         med["delete_reprefill"],
         statistics.median(kls),
         bandwidth.peak_compute_floor_ms(rotated),
+        bandwidth.kv_floor_ms(rotated, attended, moved),
     )
 
 
@@ -578,7 +602,9 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
             f"#   {n}: target 1.5 x floor = {1.5 * r.floor_ms:.1f} ms; pfloor (the pass's "
             f"{bandwidth.linear_flops / 1e9:.2f} GFLOP at {bandwidth.gemm_GFLOPs:.0f} GFLOP/s, "
             f"the best {GEMM_SIZE}^3 product here) {r.peak_compute_floor_ms:.1f} ms: "
-            + ("attainable" if r.floor_target_attainable else "below what the products need"),
+            + ("attainable" if r.floor_target_attainable else "below what the products need")
+            + f"; kvfloor (+ the new KV read once, + the values moved) {r.kv_floor_ms:.1f} ms: "
+            + ("attainable" if r.floor_target_within_traffic else "below this cache's traffic"),
             flush=True,
         )
     results: dict[str, object] = {
@@ -593,6 +619,7 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
                 "x_floor": r.over_floor,
                 "x_compute_floor": r.over_compute_floor,
                 "floor_target_attainable": r.floor_target_attainable,
+                "floor_target_within_traffic": r.floor_target_within_traffic,
             }
             for r in rows
         ],

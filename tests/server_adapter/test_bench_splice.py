@@ -39,9 +39,11 @@ def test_bench_reports_both_dtypes_with_a_floor(capsys: pytest.CaptureFixture[st
         assert figures["bandwidth"]["gemm_GFLOPs"] > 0 and figures["bandwidth"]["linear_flops"] > 0
         assert math.isfinite(row["peak_compute_floor_ms"]) and row["peak_compute_floor_ms"] > 0
         assert isinstance(row["floor_target_attainable"], bool)
+        assert row["kv_floor_ms"] > row["floor_ms"]
+        assert row["floor_target_within_traffic"] == (1.5 * row["floor_ms"] >= row["kv_floor_ms"])
     out = capsys.readouterr().out
     assert "in float32" in out and "in bfloat16" in out
-    assert out.count("pfloor (the pass's") == 2
+    assert out.count("pfloor (the pass's") == 2 and out.count("kvfloor (+ the new KV") == 2
 
 
 def test_the_peak_compute_floor_is_the_products_at_the_best_rate() -> None:
@@ -52,6 +54,14 @@ def test_the_peak_compute_floor_is_the_products_at_the_best_rate() -> None:
     assert math.isclose(bw.compute_floor_ms(10**8), 55.0)
     assert math.isclose(bw.peak_compute_floor_ms(10**8), 40.0)
     assert Bandwidth(10**9, 50.0, 10.0, 17, 45.0).peak_compute_floor_ms(10**8) == 0.0
+
+
+def test_the_kv_floor_adds_the_new_kv_read_and_the_values_moved() -> None:
+    # on the floor's 30 ms: 0.5 GB of K and V read at 50 GB/s (10 ms) and 0.1 GB of values
+    # copied at 10 GB/s (10 ms)
+    bw = Bandwidth(10**9, 50.0, 10.0, 17, 45.0)
+    assert math.isclose(bw.kv_floor_ms(10**8, 5 * 10**8, 10**8), 50.0)
+    assert math.isclose(bw.kv_floor_ms(10**8, 0, 0), bw.floor_ms(10**8))
 
 
 def test_linear_flops_count_every_linear_layer_and_the_head_on_one_row() -> None:
