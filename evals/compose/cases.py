@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .contexts import make_context
+from .contexts import Context, make_context
 from .texts import Kind, SkillText, skill_text
 
 Encode = Callable[[str], Sequence[int]]
@@ -72,6 +72,10 @@ def make_skill(kind: Kind, requested: int, budget: int, encode: Encode, seed: in
     return SkillCase(kind, requested, _ids(encode, text.render(count)), count)
 
 
+def _context(text: SkillText, unit: int, seed: str, earlier_turns: int) -> Context:
+    return make_context(text, text.units[unit], random.Random(seed), earlier_turns)
+
+
 def answer_token(encode: Encode, question: str, answer: str) -> int | None:
     head, whole = _ids(encode, question), _ids(encode, question + answer)
     if len(whole) <= len(head) or whole[: len(head)] != head:
@@ -79,16 +83,22 @@ def answer_token(encode: Encode, question: str, answer: str) -> int | None:
     return whole[len(head)]
 
 
-def make_items(skill: SkillCase, count: int, encode: Encode, seed: int) -> list[Item]:
+def make_items(
+    skill: SkillCase, count: int, encode: Encode, seed: int, prefix_tokens: int = 0
+) -> list[Item]:
     """``count`` items asking about units spread evenly through the skill; item ``i`` has
-    the same prefix at every skill length."""
+    the same prefix at every skill length. ``prefix_tokens``: each prefix grown by earlier
+    conversation to at least that many tokens, so the skill lands that deep."""
     text = skill_text(skill.kind, seed)
     eligible = [i for i in range(skill.units) if text.units[i].question]
     items = []
     for index in range(count):
         unit = eligible[min(int((index + 0.5) / count * len(eligible)), len(eligible) - 1)]
-        rng = random.Random(f"compose:{seed}:{skill.kind}:context:{index}")
-        ctx = make_context(text, text.units[unit], rng)
+        ctx = _context(text, unit, f"compose:{seed}:{skill.kind}:context:{index}", 0)
+        earlier = 0
+        while len(_ids(encode, ctx.prefix)) < prefix_tokens:
+            earlier += 1
+            ctx = _context(text, unit, f"compose:{seed}:{skill.kind}:context:{index}", earlier)
         items.append(
             Item(
                 kind=skill.kind,

@@ -134,6 +134,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help=f"decision items per kind and length, each one TTFT repeat (default {DEFAULT.items})",
     )
+    parser.add_argument(
+        "--prefix-tokens",
+        type=int,
+        default=0,
+        help="grow each context's conversation before the skill to at least this many tokens, "
+        "so the skill is composed that deep (default 0: 3-5 exchanges, ~170-310 tokens)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="skill and context seed (default 0)")
     parser.add_argument(
         "--threads",
@@ -173,10 +180,11 @@ def run(args: argparse.Namespace) -> int:
     if (
         sizes.items < 1
         or min(sizes.lengths) < 16
-        or min(args.control_seam, args.recompute_seam) < 0
+        or min(args.control_seam, args.recompute_seam, args.prefix_tokens) < 0
     ):
         print(
-            "need --items >= 1, --lengths >= 16, --control-seam and --recompute-seam >= 0",
+            "need --items >= 1, --lengths >= 16, --control-seam, --recompute-seam and "
+            "--prefix-tokens >= 0",
             file=sys.stderr,
         )
         return 2
@@ -199,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
         ratios=args.recompute_ratios,
         ask_ratios=args.ask_ratios,
         anchor=args.anchor,
+        prefix_tokens=args.prefix_tokens,
     )
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, args.threads))

@@ -70,15 +70,18 @@ class Context:
     answer: str
 
 
-def make_context(skill: SkillText, unit: Unit, rng: random.Random) -> Context:
-    """A context asking ``unit``'s question, its prefix drawn from ``rng``."""
+def make_context(
+    skill: SkillText, unit: Unit, rng: random.Random, earlier_turns: int = 0
+) -> Context:
+    """A context asking ``unit``'s question, its prefix drawn from ``rng``; with
+    ``earlier_turns`` more exchanges before the last few, drawn after them, so that the same
+    ``rng`` state gives the same recent conversation at every depth."""
     turns = rng.sample(_TURNS, rng.randrange(3, 6))
+    system = rng.choice(_SYSTEMS)
+    turns = [rng.choice(_TURNS) for _ in range(earlier_turns)] + turns
     chat = "".join(
         f"<|im_start|>user\n{u}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n" for u, a in turns
     )
-    prefix = (
-        f"<|im_start|>system\n{rng.choice(_SYSTEMS)}<|im_end|>\n{chat}"
-        f"<|im_start|>user\n{skill.intro}\n"
-    )
+    prefix = f"<|im_start|>system\n{system}<|im_end|>\n{chat}<|im_start|>user\n{skill.intro}\n"
     question = f"\n\n{unit.question}<|im_end|>\n<|im_start|>assistant\n{unit.stub}"
     return Context(prefix, question, unit.answer)

@@ -53,6 +53,9 @@ class ComposeOptions:
     """Deviation ratios: one ``compose_k{recompute_seam}_dev{P}`` arm each."""
     ask_ratios: tuple[float, ...] = ()
     """Question-aware ratios: one ``compose_k{recompute_seam}_ask{P}`` arm each."""
+    prefix_tokens: int = 0
+    """Each item's prefix grown by earlier conversation to at least this many tokens (0:
+    3-5 exchanges, about 170-310 tokens on SmolLM2): how deep the skill lands."""
     anchor: str | None = TEMPLATE
     """The ``anchored_k{recompute_seam}`` arm's anchor (``anchor.anchor_text``); ``none``
     or None: no such arm."""
@@ -94,7 +97,8 @@ def _work(
     limit = engine.limits.max_session_tokens or 1 << 30
     for requested in options.lengths:
         for kind in options.kinds:
-            case = make_skill(kind, requested, limit - CONTEXT_RESERVE, engine.encode, options.seed)
+            budget = limit - CONTEXT_RESERVE - options.prefix_tokens  # the prefix's room too
+            case = make_skill(kind, requested, budget, engine.encode, options.seed)
             t0 = time.perf_counter()
             skill = compile_skill(
                 engine, case.tokens, skill_id=f"{kind}-{requested}", tenant="eval"
@@ -117,7 +121,10 @@ def _work(
                     tenant="eval", anchor=anchor,
                 )  # fmt: skip
                 memory[-1]["anchored_compile_seconds"] = time.perf_counter() - t0
-            for item in make_items(case, options.items, engine.encode, options.seed):
+            items = make_items(
+                case, options.items, engine.encode, options.seed, options.prefix_tokens
+            )
+            for item in items:
                 yield skill, anchored, item
             del skill, anchored
 

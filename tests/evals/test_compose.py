@@ -52,6 +52,24 @@ def test_skills_are_seeded_fit_their_length_and_ask_about_their_units() -> None:
     assert answer_token(_words, "go to the", " Falcon") == _words("Falcon")[0]
 
 
+def test_a_deeper_prefix_keeps_the_recent_conversation_and_the_question() -> None:
+    """``--prefix-tokens``: earlier exchanges grow each prefix to the depth asked for; the
+    system prompt, the last exchanges, the question and the answer stay the item's own."""
+    skill = make_skill("passage", 400, 10_000, _words, 0)
+    shallow = make_items(skill, 3, _words, 0)
+    deep = make_items(skill, 3, _words, 0, prefix_tokens=1500)
+    for a, b in zip(shallow, deep, strict=True):
+        assert len(a.prefix) < 1500 <= len(b.prefix) < 1500 + 200  # at most one exchange more
+        assert (a.question, a.answer, a.answer_token, a.unit) == (
+            b.question, b.answer, b.answer_token, b.unit,
+        )  # fmt: skip
+        start = tuple(_words("<|im_start|>"))
+        turns = [i for i in range(len(a.prefix)) if a.prefix[i : i + len(start)] == start]
+        system, tail = a.prefix[: turns[1]], len(a.prefix) - turns[1]  # then the exchanges
+        assert b.prefix[: turns[1]] == system and b.prefix[-tail:] == a.prefix[-tail:]
+    assert make_items(skill, 3, _words, 0, prefix_tokens=0) == shallow
+
+
 @torch.inference_mode()
 def test_the_control_lands_unrotated_and_compose_rotates() -> None:
     """Tiny MLA (RANDOM WEIGHTS): composed at ``at`` with K = 0, the control's block holds
