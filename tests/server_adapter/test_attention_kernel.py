@@ -50,6 +50,8 @@ SHAPES = [
     (6, 2, 32, 48, 129),  # 512-bit rows: a value width off 64 columns, an odd key tail
     (4, 2, 20, 12, 333),  # widths off the 8-lane paths: scalar scores, a value tail of 4
     (16, 16, 192, 128, 600),  # MLA's decompressed heads: key 192 (nope 128 + rope 64), value 128
+    (10, 2, 32, 32, 300),  # groups of 5: four heads a pass over the rows, then one
+    (14, 2, 64, 80, 700),  # groups of 7: four, then three; a value width off 64 columns
 ]
 
 
