@@ -213,6 +213,9 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, args.threads))
     try:
         folder = run_compose_eval(options)
+    except ValueError as exc:  # options the model's context cannot take
+        print(f"leyline eval compose: {exc}", file=sys.stderr)
+        return 2
     finally:
         torch.set_num_threads(threads)  # the caller's setting (tests run this in-process)
     print((folder / "report.md").read_text().split("## ", 2)[1].strip())

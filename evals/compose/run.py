@@ -89,15 +89,27 @@ def _engine(model: str) -> Engine:
     return engine
 
 
+def skill_budget(max_session_tokens: int | None, options: ComposeOptions) -> int:
+    """The most tokens a skill may take: the model's context less the prefix's room and the
+    question's. Raises ``ValueError`` when that leaves no room for the shortest length."""
+    limit = max_session_tokens or 1 << 30
+    budget = limit - CONTEXT_RESERVE - options.prefix_tokens
+    if budget < min(options.lengths):
+        raise ValueError(
+            f"--prefix-tokens {options.prefix_tokens} leaves no room for a "
+            f"{min(options.lengths)}-token skill in {limit} positions"
+        )
+    return budget
+
+
 def _work(
     engine: Engine, options: ComposeOptions, memory: list[dict[str, Any]], anchor: Sequence[int]
 ) -> Iterator[tuple[Skill, Skill | None, Item]]:
     """Each (skill, anchored skill or None, item) in order; a skill is compiled (and its
     memory noted) on first use, after ``anchor`` too when there is one."""
-    limit = engine.limits.max_session_tokens or 1 << 30
+    budget = skill_budget(engine.limits.max_session_tokens, options)
     for requested in options.lengths:
         for kind in options.kinds:
-            budget = limit - CONTEXT_RESERVE - options.prefix_tokens  # the prefix's room too
             case = make_skill(kind, requested, budget, engine.encode, options.seed)
             t0 = time.perf_counter()
             skill = compile_skill(
@@ -154,9 +166,10 @@ def _record(result: ItemResult, engine: Engine) -> dict[str, Any]:
 
 @torch.inference_mode()
 def run_compose_eval(options: ComposeOptions) -> Path:
-    folder = results_dir("compose", options.out)
     t0 = time.perf_counter()
     engine = _engine(options.model)
+    skill_budget(engine.limits.max_session_tokens, options)  # refuse before writing anything
+    folder = results_dir("compose", options.out)
     engine.forward((), engine.encode("Warm up the allocator and the kernels."))
     memory: list[dict[str, Any]] = []
     total = len(options.lengths) * len(options.kinds) * options.items
@@ -207,6 +220,7 @@ def run_compose_eval(options: ComposeOptions) -> Path:
         "anchor": anchor,
         "anchor_tokens": len(anchor_ids),
         "items_per_kind_and_length": options.items,
+        "prefix_tokens": options.prefix_tokens,
         "seed": options.seed,
         "fast": options.fast,
         "torch_threads": torch.get_num_threads(),

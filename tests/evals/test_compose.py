@@ -4,6 +4,7 @@ reference against a plain transformers forward)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -18,7 +19,8 @@ import torch
 from leyline.cli.main import main
 from leyline.evals.compose.anchor import anchor_text
 from leyline.evals.compose.arms import attention_mode, timed_compose, unrotated
-from leyline.evals.compose.cases import answer_token, make_items, make_skill
+from leyline.evals.compose.cases import CONTEXT_RESERVE, answer_token, make_items, make_skill
+from leyline.evals.compose.run import ComposeOptions, skill_budget
 from leyline.evals.compose.texts import KINDS
 from leyline.server_adapter.engine import Engine
 from leyline.server_adapter.models import build_tiny_mla, load_model
@@ -68,6 +70,15 @@ def test_a_deeper_prefix_keeps_the_recent_conversation_and_the_question() -> Non
         system, tail = a.prefix[: turns[1]], len(a.prefix) - turns[1]  # then the exchanges
         assert b.prefix[: turns[1]] == system and b.prefix[-tail:] == a.prefix[-tail:]
     assert make_items(skill, 3, _words, 0, prefix_tokens=0) == shallow
+
+
+def test_a_prefix_that_leaves_no_room_for_the_skill_is_refused() -> None:
+    options = ComposeOptions("smollm2", ("policy",), (512, 1024), (16,), 16, 1, 0, None)
+    assert skill_budget(8192, options) == 8192 - CONTEXT_RESERVE
+    deep = dataclasses.replace(options, prefix_tokens=7500)
+    with pytest.raises(ValueError, match="--prefix-tokens 7500 leaves no room for a 512-token"):
+        skill_budget(8192, deep)
+    assert skill_budget(None, deep) > 1 << 29  # no context limit: no cap
 
 
 @torch.inference_mode()
