@@ -94,11 +94,11 @@ def make_items(
     items = []
     for index in range(count):
         unit = eligible[min(int((index + 0.5) / count * len(eligible)), len(eligible) - 1)]
-        ctx = _context(text, unit, f"compose:{seed}:{skill.kind}:context:{index}", 0)
-        earlier = 0
+        draw = f"compose:{seed}:{skill.kind}:context:{index}"
+        ctx, earlier = _context(text, unit, draw, 0), 0
         while len(_ids(encode, ctx.prefix)) < prefix_tokens:
             earlier += 1
-            ctx = _context(text, unit, f"compose:{seed}:{skill.kind}:context:{index}", earlier)
+            ctx = _context(text, unit, draw, earlier)
         items.append(
             Item(
                 kind=skill.kind,
