@@ -16,8 +16,9 @@ from .texts import Kind, SkillText, skill_text
 
 Encode = Callable[[str], Sequence[int]]
 CONTEXT_RESERVE = 256
-"""Positions left for the prefix and the question when a skill length is capped by the
-model's context (``--full``'s 8k on SmolLM2's 8,192 positions)."""
+"""Positions first set aside for the prefix and the question when a skill length is capped
+by the model's context (``--full``'s 8k on SmolLM2's 8,192 positions); :func:`fit_case`
+then shortens the skill until every item fits."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,3 +114,28 @@ def make_items(
             )
         )
     return items
+
+
+def fit_case(
+    kind: Kind, requested: int, encode: Encode, seed: int, count: int, *,
+    budget: int, limit: int, prefix_tokens: int = 0,
+) -> tuple[SkillCase, list[Item]]:  # fmt: skip
+    """The skill (at most ``min(requested, budget)`` tokens) and its ``count`` items,
+    shortened by whole units until every item's prefix + skill + question fits in
+    ``limit`` positions.
+
+    Raises:
+        ValueError: when even a one-unit skill leaves an item past ``limit``.
+    """
+    while True:
+        case = make_skill(kind, requested, budget, encode, seed)
+        items = make_items(case, count, encode, seed, prefix_tokens)
+        need = len(case.tokens) + max(len(i.prefix) + len(i.question) for i in items)
+        if need <= limit:
+            return case, items
+        if case.units == 1:
+            raise ValueError(
+                f"a one-unit {kind} skill with its contexts takes {need} positions; "
+                f"the model has {limit}"
+            )
+        budget = len(case.tokens) - (need - limit)

@@ -26,7 +26,7 @@ from .arms import (
     control_arm,
     run_item,
 )
-from .cases import CONTEXT_RESERVE, Item, make_items, make_skill
+from .cases import CONTEXT_RESERVE, Item, fit_case
 from .markdown import sections
 from .plots import plot_kl_by_seam, plot_ttft
 from .summary import cells, kl_by_seam, p_answer, targets, ttft
@@ -108,9 +108,13 @@ def _work(
     """Each (skill, anchored skill or None, item) in order; a skill is compiled (and its
     memory noted) on first use, after ``anchor`` too when there is one."""
     budget = skill_budget(engine.limits.max_session_tokens, options)
+    limit = engine.limits.max_session_tokens or 1 << 30
     for requested in options.lengths:
         for kind in options.kinds:
-            case = make_skill(kind, requested, budget, engine.encode, options.seed)
+            case, items = fit_case(
+                kind, requested, engine.encode, options.seed, options.items,
+                budget=budget, limit=limit, prefix_tokens=options.prefix_tokens,
+            )  # fmt: skip
             t0 = time.perf_counter()
             skill = compile_skill(
                 engine, case.tokens, skill_id=f"{kind}-{requested}", tenant="eval"
@@ -133,9 +137,6 @@ def _work(
                     tenant="eval", anchor=anchor,
                 )  # fmt: skip
                 memory[-1]["anchored_compile_seconds"] = time.perf_counter() - t0
-            items = make_items(
-                case, options.items, engine.encode, options.seed, options.prefix_tokens
-            )
             for item in items:
                 yield skill, anchored, item
             del skill, anchored

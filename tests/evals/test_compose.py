@@ -19,7 +19,13 @@ import torch
 from leyline.cli.main import main
 from leyline.evals.compose.anchor import anchor_text
 from leyline.evals.compose.arms import attention_mode, timed_compose, unrotated
-from leyline.evals.compose.cases import CONTEXT_RESERVE, answer_token, make_items, make_skill
+from leyline.evals.compose.cases import (
+    CONTEXT_RESERVE,
+    answer_token,
+    fit_case,
+    make_items,
+    make_skill,
+)
 from leyline.evals.compose.run import ComposeOptions, skill_budget
 from leyline.evals.compose.texts import KINDS
 from leyline.server_adapter.engine import Engine
@@ -79,6 +85,24 @@ def test_a_prefix_that_leaves_no_room_for_the_skill_is_refused() -> None:
     with pytest.raises(ValueError, match="--prefix-tokens 7500 leaves no room for a 512-token"):
         skill_budget(8192, deep)
     assert skill_budget(None, deep) > 1 << 29  # no context limit: no cap
+
+
+def test_a_skill_capped_by_the_context_leaves_room_for_every_item() -> None:
+    """``--full``'s 8k on an 8,192-position model: the skill is shortened by whole units
+    until each item's prefix + skill + question fits, however long its prefix."""
+    for kind in KINDS:
+        for depth in (0, 300):
+            whole = make_skill(kind, 1200, 700, _words, 0)
+            case, items = fit_case(
+                kind, 1200, _words, 0, 3, budget=700, limit=700, prefix_tokens=depth
+            )
+            assert case.units < whole.units and case.tokens[:20] == whole.tokens[:20]
+            assert all(len(i.prefix) + len(case.tokens) + len(i.question) <= 700 for i in items)
+            assert [i.prefix for i in items] == [
+                i.prefix for i in make_items(case, 3, _words, 0, depth)
+            ]
+        with pytest.raises(ValueError, match="one-unit .* takes .* positions; the model has 60"):
+            fit_case(kind, 1200, _words, 0, 3, budget=60, limit=60)
 
 
 @torch.inference_mode()
