@@ -101,7 +101,7 @@ def test_a_skill_capped_by_the_context_leaves_room_for_every_item() -> None:
             assert [i.prefix for i in items] == [
                 i.prefix for i in make_items(case, 3, _words, 0, depth)
             ]
-        with pytest.raises(ValueError, match="one-unit .* takes .* positions; the model has 60"):
+        with pytest.raises(ValueError, match=r"one-unit .* takes .* positions; the model has 60"):
             fit_case(kind, 1200, _words, 0, 3, budget=60, limit=60)
 
 

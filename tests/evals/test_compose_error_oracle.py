@@ -13,10 +13,8 @@ from leyline.evals.compose.error_oracle import (
     table,
     token_error,
 )
-from leyline.server_adapter.engine import Engine
-from leyline.server_adapter.models import build_tiny_mla
-from leyline.server_adapter.session import SessionCache
-from leyline.server_adapter.skills import compile_skill
+
+from ._compose_scene import tiny_scene
 
 
 def _cache(seed: int, layers: int = 3, tokens: int = 6) -> tuple[tuple[torch.Tensor, ...], ...]:
@@ -62,14 +60,8 @@ def test_the_table_is_the_mean_per_cell() -> None:
 
 @torch.inference_mode()
 def test_the_whole_exact_block_matches_the_full_prefill_and_parts_do_not() -> None:
-    engine = Engine(build_tiny_mla("v2", num_hidden_layers=4))
-    g = torch.Generator().manual_seed(0)
-    prefix_ids, block, question = (
-        torch.randint(0, engine.vocab_size, (n,), generator=g).tolist() for n in (20, 30, 5)
-    )
-    skill = compile_skill(engine, block, skill_id="s", tenant="t")
-    prefix = SessionCache(engine)
-    prefix.prefill(prefix_ids)
+    scene = tiny_scene(layers=4)
+    engine, prefix, skill, question = scene.engine, scene.prefix, scene.skill, scene.question
     kls = oracle_kls(
         engine, prefix, skill, question, seam=4, layer_ranges=[(0, 4), (0, 1), (2, 4)],
         ratios=[1.0, 0.2],

@@ -7,10 +7,8 @@ import math
 import torch
 
 from leyline.evals.compose.selection_sweep import item_kls, summarise
-from leyline.server_adapter.engine import Engine
-from leyline.server_adapter.models import build_tiny_mla
-from leyline.server_adapter.session import SessionCache
-from leyline.server_adapter.skills import compile_skill
+
+from ._compose_scene import tiny_scene
 
 
 def test_the_summary_is_the_geometric_mean_of_the_ratios_to_the_first_layer() -> None:
@@ -28,14 +26,8 @@ def test_the_summary_is_the_geometric_mean_of_the_ratios_to_the_first_layer() ->
 
 @torch.inference_mode()
 def test_recomputing_the_whole_block_matches_the_prefill_at_every_layer() -> None:
-    engine = Engine(build_tiny_mla("v2", num_hidden_layers=4))
-    g = torch.Generator().manual_seed(0)
-    vocab = engine.vocab_size
-    prefix_ids, block, question = (torch.randint(0, vocab, (n,), generator=g).tolist()
-                                   for n in (20, 30, 5))  # fmt: skip
-    skill = compile_skill(engine, block, skill_id="s", tenant="t")
-    prefix = SessionCache(engine)
-    prefix.prefill(prefix_ids)
+    scene = tiny_scene(layers=4)
+    engine, prefix, skill, question = scene.engine, scene.prefix, scene.skill, scene.question
     before = engine.recompute_selection_layer
     whole = item_kls(engine, prefix, skill, question, (1, 2), seam=4, ratio=1.0, answer=None)
     part = item_kls(engine, prefix, skill, question, (1, 2), seam=4, ratio=0.1, answer=None)
