@@ -127,7 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--anchor",
         default="template",
         help="anchored arm: the skill compiled after this text, its KV dropped; 'template' "
-        "(default): what the chat template puts before a user message; 'none': no such arm",
+        "(default): what the chat template puts before a user message; 'conversation': a "
+        "system prompt and two exchanges of small talk before it; 'none': no such arm",
     )
     parser.add_argument(
         "--items",

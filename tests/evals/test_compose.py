@@ -26,6 +26,7 @@ from leyline.evals.compose.cases import (
     make_items,
     make_skill,
 )
+from leyline.evals.compose.contexts import _SYSTEMS, _TURNS
 from leyline.evals.compose.run import ComposeOptions, skill_budget
 from leyline.evals.compose.texts import KINDS
 from leyline.server_adapter.engine import Engine
@@ -276,8 +277,11 @@ class _Template:
         self.rewrite = rewrite
 
     def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> str:
-        content = messages[0]["content"]
-        return "<s>[user] " + (content[::-1] if self.rewrite else content) + " [/user]"
+        def render(message: dict[str, str]) -> str:
+            role, content = message["role"], message["content"]
+            return f"[{role}] " + (content[::-1] if self.rewrite else content) + f" [/{role}]"
+
+        return "<s>" + "".join(render(m) for m in messages)
 
 
 def test_the_default_anchor_is_what_the_template_puts_before_the_content() -> None:
@@ -286,3 +290,16 @@ def test_the_default_anchor_is_what_the_template_puts_before_the_content() -> No
     assert anchor_text("Context: ", _Template()) == "Context: "
     with pytest.raises(ValueError, match="verbatim"):
         anchor_text("template", _Template(rewrite=True))
+
+
+def test_the_conversation_anchor_is_small_talk_before_a_user_message() -> None:
+    """``--anchor conversation``: a system prompt and two exchanges rendered by the template,
+    cut where the next user message's content would start; none of it is the eval's text."""
+    text = anchor_text("conversation", _Template())
+    assert text.startswith("<s>[system] ") and text.endswith("[/assistant][user] ")
+    assert text.count("[user]") == 3 and text.count("[assistant]") == 2
+    assert "basil" in text and "ACME" not in text
+    contexts = " ".join(_SYSTEMS + tuple(line for turn in _TURNS for line in turn))
+    assert not any(sentence in contexts for sentence in text.split(". "))
+    with pytest.raises(ValueError, match="verbatim"):
+        anchor_text("conversation", _Template(rewrite=True))
