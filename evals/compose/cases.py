@@ -116,17 +116,24 @@ def make_items(
     return items
 
 
+def context_positions(max_session_tokens: int | None) -> int:
+    """The positions a model's context holds (``max_session_tokens``; None: no limit)."""
+    return max_session_tokens or 1 << 30
+
+
 def fit_case(
     kind: Kind, requested: int, encode: Encode, seed: int, count: int, *,
-    budget: int, limit: int, prefix_tokens: int = 0,
+    max_session_tokens: int | None, prefix_tokens: int = 0,
 ) -> tuple[SkillCase, list[Item]]:  # fmt: skip
-    """The skill (at most ``min(requested, budget)`` tokens) and its ``count`` items,
-    shortened by whole units until every item's prefix + skill + question fits in
-    ``limit`` positions.
+    """The skill (at most ``requested`` tokens, first capped at the context less
+    ``CONTEXT_RESERVE`` and ``prefix_tokens``) and its ``count`` items, shortened by whole
+    units until every item's prefix + skill + question fits in the context.
 
     Raises:
-        ValueError: when even a one-unit skill leaves an item past ``limit``.
+        ValueError: when even a one-unit skill leaves an item past the context.
     """
+    limit = context_positions(max_session_tokens)
+    budget = limit - CONTEXT_RESERVE - prefix_tokens
     while True:
         case = make_skill(kind, requested, budget, encode, seed)
         items = make_items(case, count, encode, seed, prefix_tokens)

@@ -31,7 +31,7 @@ from leyline.server_adapter.kv_blocks import KVCache
 from leyline.server_adapter.session import SessionCache
 from leyline.server_adapter.skills import Skill, compile_skill
 
-from .cases import CONTEXT_RESERVE, fit_case
+from .cases import fit_case
 from .cli import _ints, _kinds
 from .measures import compare
 from .run import _engine
@@ -76,16 +76,15 @@ def oracle_kls(
 ) -> dict[str, float]:  # fmt: skip
     """KL(full || variant) of the plain compose and of each oracle on one item."""
     at, length = len(prefix.tokens), len(skill)
-    layers = len(prefix.kv)
-    beyond = [(low, high) for low, high in layer_ranges if high > layers]
+    layers = range(len(prefix.kv))
+    beyond = [(low, high) for low, high in layer_ranges if high > len(layers)]
     if beyond:
-        raise ValueError(f"layer ranges {beyond} reach past the model's {layers} layers")
+        raise ValueError(f"layer ranges {beyond} reach past the model's {len(layers)} layers")
     exact, full = engine.forward(prefix.kv, list(skill.tokens) + list(question))
     session = prefix.fork()
     session.compose(skill, at, seam_tokens=seam)
     composed = session.kv
     copied = torch.arange(at + min(seam, length), at + length)
-    every = range(len(composed))
 
     variants: dict[str, KVCache] = {COMPOSED: composed}
     for low, high in layer_ranges:
@@ -95,9 +94,9 @@ def oracle_kls(
     for ratio in ratios:
         count = round(ratio * copied.numel())
         name = f"{round(ratio * 100, 1):g}%"
-        variants[f"error top {name}"] = substituted(composed, exact, every, copied[order[:count]])
+        variants[f"error top {name}"] = substituted(composed, exact, layers, copied[order[:count]])
         chosen = torch.randperm(copied.numel(), generator=draw)[:count]
-        variants[f"random {name}"] = substituted(composed, exact, every, copied[chosen])
+        variants[f"random {name}"] = substituted(composed, exact, layers, copied[chosen])
     out = {}
     for name, kv in variants.items():
         _, logits = engine.forward(kv, question)
@@ -112,13 +111,12 @@ def run(
 ) -> list[tuple[str, int, int, dict[str, float]]]:  # fmt: skip
     """(kind, skill tokens, item index, KL per variant) for every item."""
     engine = _engine(model)
-    limit = engine.limits.max_session_tokens or 1 << 30
     rows = []
     work = [(kind, length) for kind in kinds for length in lengths]
     for kind, length in progress(work, desc="skills", total=len(work)):
         case, cases = fit_case(
             kind, length, engine.encode, seed, items,
-            budget=limit - CONTEXT_RESERVE, limit=limit,
+            max_session_tokens=engine.limits.max_session_tokens,
         )  # fmt: skip
         skill = compile_skill(engine, case.tokens, skill_id="oracle", tenant="eval")
         for item in cases:

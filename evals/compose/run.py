@@ -26,7 +26,7 @@ from .arms import (
     control_arm,
     run_item,
 )
-from .cases import CONTEXT_RESERVE, Item, fit_case
+from .cases import CONTEXT_RESERVE, Item, context_positions, fit_case
 from .markdown import sections
 from .plots import plot_kl_by_seam, plot_ttft
 from .summary import cells, kl_by_seam, p_answer, targets, ttft
@@ -92,7 +92,7 @@ def _engine(model: str) -> Engine:
 def skill_budget(max_session_tokens: int | None, options: ComposeOptions) -> int:
     """The most tokens a skill may take: the model's context less the prefix's room and the
     question's. Raises ``ValueError`` when that leaves no room for the shortest length."""
-    limit = max_session_tokens or 1 << 30
+    limit = context_positions(max_session_tokens)
     budget = limit - CONTEXT_RESERVE - options.prefix_tokens
     if budget < min(options.lengths):
         raise ValueError(
@@ -107,13 +107,12 @@ def _work(
 ) -> Iterator[tuple[Skill, Skill | None, Item]]:
     """Each (skill, anchored skill or None, item) in order; a skill is compiled (and its
     memory noted) on first use, after ``anchor`` too when there is one."""
-    budget = skill_budget(engine.limits.max_session_tokens, options)
-    limit = engine.limits.max_session_tokens or 1 << 30
     for requested in options.lengths:
         for kind in options.kinds:
             case, items = fit_case(
                 kind, requested, engine.encode, options.seed, options.items,
-                budget=budget, limit=limit, prefix_tokens=options.prefix_tokens,
+                max_session_tokens=engine.limits.max_session_tokens,
+                prefix_tokens=options.prefix_tokens,
             )  # fmt: skip
             t0 = time.perf_counter()
             skill = compile_skill(

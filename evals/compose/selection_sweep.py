@@ -24,7 +24,7 @@ from leyline.server_adapter.skills import Skill, compile_skill
 
 from .anchor import anchor_text
 from .arms import deviation_mode, timed_compose
-from .cases import CONTEXT_RESERVE, fit_case
+from .cases import fit_case
 from .cli import _ints, _kinds
 from .measures import compare
 from .run import _engine
@@ -57,13 +57,12 @@ def sweep(
     """(kind, length, anchored, item index, KL per layer) for every item."""
     engine = _engine(model)
     anchor = tuple(engine.encode(anchor_text("template", engine.tokenizer)))
-    limit = engine.limits.max_session_tokens or 1 << 30
     work = [(k, n, a) for k in kinds for n in lengths for a in (False, True)]
     rows = []
     for kind, length, anchored in progress(work, desc="skills", total=len(work)):
         case, cases = fit_case(
             kind, length, engine.encode, seed, items,
-            budget=limit - CONTEXT_RESERVE, limit=limit,
+            max_session_tokens=engine.limits.max_session_tokens,
         )  # fmt: skip
         skill = compile_skill(
             engine, case.tokens, skill_id="sweep", tenant="eval", anchor=anchor if anchored else ()

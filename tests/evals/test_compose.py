@@ -95,7 +95,7 @@ def test_a_skill_capped_by_the_context_leaves_room_for_every_item() -> None:
         for depth in (0, 300):
             whole = make_skill(kind, 1200, 700, _words, 0)
             case, items = fit_case(
-                kind, 1200, _words, 0, 3, budget=700, limit=700, prefix_tokens=depth
+                kind, 1200, _words, 0, 3, max_session_tokens=700, prefix_tokens=depth
             )
             assert case.units < whole.units and case.tokens[:20] == whole.tokens[:20]
             assert all(len(i.prefix) + len(case.tokens) + len(i.question) <= 700 for i in items)
@@ -103,7 +103,7 @@ def test_a_skill_capped_by_the_context_leaves_room_for_every_item() -> None:
                 i.prefix for i in make_items(case, 3, _words, 0, depth)
             ]
         with pytest.raises(ValueError, match=r"one-unit .* takes .* positions; the model has 60"):
-            fit_case(kind, 1200, _words, 0, 3, budget=60, limit=60)
+            fit_case(kind, 1200, _words, 0, 3, max_session_tokens=60)
 
 
 @torch.inference_mode()
