@@ -75,7 +75,10 @@ class BlockTrie:
 
     def walk(self, toks: tuple[int, ...], salt: str = "") -> list[TrieNode]:
         """Cached nodes along the full blocks of ``toks``, root excluded, up to the first miss."""
-        bs, node, path = self.block_size, self.root_of(salt), []
+        node = self._roots.get(salt)  # a lookup creates no root: clients choose salts
+        if node is None:
+            return []
+        bs, path = self.block_size, []
         for b in range(len(toks) // bs):
             child = node.children.get(toks[b * bs : (b + 1) * bs])
             if child is None:
@@ -132,6 +135,20 @@ class BlockTrie:
         del node.parent.children[node.key]
         self.blocks -= 1
         self.bytes -= node.nbytes
+        self.drop_if_empty_root(node.parent)
+
+    def drop_if_empty_root(self, node: TrieNode) -> None:
+        """A salt's root goes with its last block (the public one stays), so the roots are
+        bounded by the salts that hold KV, not by every salt ever sent."""
+        if node.parent is None and not node.children and node is not self.root:
+            salt = next((k for k, root in self._roots.items() if root is node), None)
+            if salt is not None:
+                del self._roots[salt]
+
+    @property
+    def salts(self) -> int:
+        """How many partitions hold a root (the public one included)."""
+        return len(self._roots)
 
     def evict(self, need: int) -> tuple[int, int]:
         """Drops unreferenced leaves, least recently used first, until ``need`` bytes are
@@ -174,7 +191,9 @@ class BlockTrie:
         path = self.walk(toks[:first], salt)
         if len(path) * self.block_size < first:
             return [], []  # a block before `start` is not cached, so nothing after it is
-        parent = path[-1] if path else self.root_of(salt)
+        parent = path[-1] if path else self._roots.get(salt)
+        if parent is None:
+            return [], []  # the salt holds nothing
         head = toks[first : start + 1]
         order: list[TrieNode] = []  # preorder; reversed, every child precedes its parent
         stack = [c for key, c in parent.children.items() if key[: len(head)] == head]
@@ -190,6 +209,7 @@ class BlockTrie:
                 node.doomed = True
                 assert node.parent is not None
                 node.parent.children.pop(node.key, None)
+                self.drop_if_empty_root(node.parent)
             else:
                 dropped.append(node.info())
                 self.remove(node)

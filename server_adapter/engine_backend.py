@@ -232,6 +232,11 @@ class EngineBackend:
                 self.engine, tokens, skill_id=skill_id, tenant=tenant, anchor=anchor
             )
         )
+        # The store evicts skills on its own (LRU, under its budget): drop the labels of
+        # the tenant's evicted ones, so labels are bounded by the skills held.
+        held = {s.id for s in self.skills.of_tenant(tenant)}
+        for key in [k for k in self._labels if k[0] == tenant and k[1] not in held]:
+            del self._labels[key]
         self._labels[(tenant, skill_id)] = label
         return self._info(skill, include_tokens=False)
 

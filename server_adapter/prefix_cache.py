@@ -203,8 +203,9 @@ class PrefixCache:
                 self._misses += 1
             # Copy under the lock: once released, eviction may drop these blocks.
             kv = concat_blocks([node.kv for node in path], self.seq_dim) if path else None
-            root = self._trie.root_of(salt)
-            handle = self._new_handle(path[-1] if path else root) if lock else None
+            # A miss locks nothing (roots are never counted): any root will do, and looking
+            # a salt up must not create one.
+            handle = self._new_handle(path[-1] if path else self._trie.root) if lock else None
         return MatchResult(n, kv, handle)
 
     def insert(
@@ -236,6 +237,7 @@ class PrefixCache:
                 node = trie.add_child(node, toks[b * bs : (b + 1) * bs], block, size)
                 trie.lock(node, ancestors=False)
             trie.unlock(node)
+            trie.drop_if_empty_root(node)  # nothing fitted: no root kept for the salt
             self._evicted += freed_blocks
             handle = self._new_handle(node) if lock else None
         cached = len(path) * bs

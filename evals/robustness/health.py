@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from .wire import auth_headers
+
 POLL_GAP_S = 0.005
 
 
@@ -36,7 +38,9 @@ def _poll(
             time.sleep(POLL_GAP_S)
 
 
-def health_under_render(base_url: str, key: str, messages: int, renders: int) -> dict[str, Any]:
+def health_under_render(
+    base_url: str, key: str | None, messages: int, renders: int
+) -> dict[str, Any]:
     idle: list[float] = []
     never = threading.Event()
     never.set()
@@ -50,7 +54,7 @@ def health_under_render(base_url: str, key: str, messages: int, renders: int) ->
     stop, ready = threading.Event(), threading.Event()
     poller = threading.Thread(target=_poll, args=(base_url, stop, busy, 0, ready))
     answers: list[dict[str, Any]] = []
-    headers = {"Authorization": f"Bearer {key}"}
+    headers = auth_headers(key)
     with httpx.Client(base_url=base_url, headers=headers, timeout=600) as http:
         http.get("/v1/models").raise_for_status()  # this connection is open too
         poller.start()

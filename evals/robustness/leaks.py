@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from .fuzz import session_path
+from .wire import auth_headers
 
 Complete = Callable[..., dict[str, Any]]
 SCENARIOS = (
@@ -40,10 +41,8 @@ CONTROL = "control: no forget"
 class Client:
     """One tenant's requests: token ids in, the response's ``leyline`` object out."""
 
-    def __init__(self, base_url: str, key: str) -> None:
-        self.http = httpx.Client(
-            base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=300
-        )
+    def __init__(self, base_url: str, key: str | None) -> None:
+        self.http = httpx.Client(base_url=base_url, headers=auth_headers(key), timeout=300)
         self.sessions: list[str] = []
 
     def tokens(self, text: str) -> list[int]:

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from .fuzz import session_path
+from .wire import auth_headers
 
 STALE_EVERY = 5
 """Every fifth turn of a client is a stale write (addressed to the revision before)."""
@@ -40,9 +41,9 @@ Marker = tuple[str, tuple[int, ...]]
 
 
 def lost_updates(
-    base_url: str, key: str, clients: int, turns: int, tick: Callable[[], None], prefix: str
+    base_url: str, key: str | None, clients: int, turns: int, tick: Callable[[], None], prefix: str
 ) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {key}"}
+    headers = auth_headers(key)
     sessions = [f"{prefix}-race-{i}" for i in range(max(1, clients // 2))]
     with httpx.Client(base_url=base_url, headers=headers, timeout=300) as http:
         for session in sessions:

@@ -6,76 +6,124 @@ from typing import Any
 
 from leyline.evals.common import Report, markdown_table
 
+from .isolation import TOLERANCE, TOP
+
 HEALTH_P99_MS = 100.0
 FULL = {"requests": 10_000, "clients": 16, "turns": 60}
 """The issue's sizes; a smaller run reports the same zero targets at its own size."""
 
 
+def na(phase: Any) -> str | None:
+    """Why a check did not run on this server (``{"n/a": why}``), or None when it ran."""
+    return f"n/a: {phase['n/a']}" if isinstance(phase, dict) and "n/a" in phase else None
+
+
 def counts(data: dict[str, Any]) -> dict[str, Any]:
-    """The headline numbers, each of which must be 0 (health: under its bound)."""
+    """The headline numbers, each of which must be 0; a check that did not run on this
+    server gives its ``n/a: why`` instead (never a pass)."""
     fuzz, races = data["fuzz"], data["lost_updates"]
-    v = fuzz["violations"]
-    return {
-        "5xx": v["5xx"],
-        "state changes on rejection": v["state change"] + v["created"],
-        "error bodies not the protocol's": v["error body"],
-        "dropped connections": v["connection"],
-        "broken successes (stream, JSON)": v["stream"],
-        "lost updates": races["lost_updates"],
-        "redaction leaks": sum(
-            r["leaked_tokens"] > 0
-            for r in data["redaction"]
-            if not r["scenario"].startswith("control")
-        ),
-        "cross-tenant reuse": sum(
-            r["reused"] > 0 for r in data["cross_tenant"] if not r["how"].startswith("control")
-        ),
-    }
+    out: dict[str, Any] = {}
+    fuzz_na = na(fuzz)
+    v = fuzz["violations"] if fuzz_na is None else {}
+    for name, kinds in (
+        ("5xx", ("5xx",)),
+        ("state changes on rejection", ("state change", "created")),
+        ("error bodies not the protocol's", ("error body",)),
+        ("dropped connections", ("connection",)),
+        ("broken successes (stream, JSON)", ("stream",)),
+    ):
+        out[name] = fuzz_na or sum(v[k] for k in kinds)
+    out["lost updates"] = na(races) or races["lost_updates"]
+    out["redaction leaks"] = na(data["redaction"]) or sum(
+        r["leaked_tokens"] > 0 for r in data["redaction"] if not r["scenario"].startswith("control")
+    )
+    out["cross-tenant reuse"] = na(data["cross_tenant"]) or sum(
+        r["reused"] > 0 for r in data["cross_tenant"] if not r["how"].startswith("control")
+    )
+    crossed = data.get("cross_session", {"n/a": "not run"})
+    out["cross-session leaks (plain, forget)"] = na(crossed) or sum(
+        bool(r["leaks"]) for r in crossed
+    )
+    out["cross-session splices not run as splice"] = na(crossed) or sum(
+        r["splice"]["path"] != "splice" for r in crossed
+    )
+    salted = data.get("cross_salt", {"n/a": "not run"})
+    out["cross-salt reuse"] = na(salted) or sum(bool(r["reused"]) for r in salted if r["probe"])
+    return out
 
 
 def targets(data: dict[str, Any], mode: str) -> list[dict[str, Any]]:
+    """One row per check: ``met`` is True, False, or None where the check is n/a."""
     rows = [
-        {"check": name, "value": value, "target": "0", "met": value == 0}
+        {
+            "check": name,
+            "value": value,
+            "target": "0",
+            "met": None if isinstance(value, str) else value == 0,
+        }
         for name, value in counts(data).items()
     ]
-    p99 = data["health"]["busy_ms"]["p99"]
+    health = data["health"]
+    p99 = None if na(health) else health["busy_ms"]["p99"]
     rows.append(
         {
             "check": "/health p99 while rendering (ms)",
-            "value": p99,
+            "value": na(health) or p99,
             "target": f"< {HEALTH_P99_MS:g}",
-            "met": p99 is not None and p99 < HEALTH_P99_MS,
+            "met": None if na(health) else p99 is not None and p99 < HEALTH_P99_MS,
         }
     )
     fuzz, races = data["fuzz"], data["lost_updates"]
-    size_met = (
-        fuzz["requests"] >= FULL["requests"]
-        and races["clients"] >= FULL["clients"]
-        and races["turns"] >= FULL["turns"]
-    )
-    rows.append(
-        {
-            "check": "size (requests; clients x turns)",
-            "value": f"{fuzz['requests']}; {races['clients']} x {races['turns']}",
-            "target": f">= {FULL['requests']}; {FULL['clients']} x {FULL['turns']} (--full)",
-            "met": size_met,
-        }
-    )
+    if na(fuzz) is None and na(races) is None:
+        size_met = (
+            fuzz["requests"] >= FULL["requests"]
+            and races["clients"] >= FULL["clients"]
+            and races["turns"] >= FULL["turns"]
+        )
+        rows.append(
+            {
+                "check": "size (requests; clients x turns)",
+                "value": f"{fuzz['requests']}; {races['clients']} x {races['turns']}",
+                "target": f">= {FULL['requests']}; {FULL['clients']} x {FULL['turns']} (--full)",
+                "met": size_met,
+            }
+        )
     return rows
+
+
+def met(data: dict[str, Any]) -> bool:
+    """Every target that ran is met (sizes aside); an n/a one is neither met nor failed."""
+    return all(t["met"] is not False for t in data["targets"] if not t["check"].startswith("size"))
 
 
 def fill(report: Report, data: dict[str, Any]) -> None:
     rows = [
-        [t["check"], t["value"], t["target"], "yes" if t["met"] else "NO"] for t in data["targets"]
+        [t["check"], t["value"], t["target"], _verdict(t["met"], "yes", "NO")]
+        for t in data["targets"]
     ]
-    note = f"Internal errors in the server log: {data['internal_errors_logged']}."
-    report.section(
-        "Targets", markdown_table(["check", "value", "target", "met"], rows) + f"\n\n{note}"
+    internal = data["internal_errors_logged"]
+    note = (
+        f"Internal errors in the server log: {internal}."
+        if internal is not None
+        else "No server log here (--base-url): internal errors are not counted."
     )
-    _fuzz(report, data["fuzz"])
-    _races(report, data["lost_updates"])
-    _leaks(report, data["redaction"], data["cross_tenant"])
-    _health(report, data["health"])
+    server = data.get("server")
+    head = f"Server: {server}.\n\n" if server else ""
+    table = markdown_table(["check", "value", "target", "met"], rows)
+    report.section("Targets", f"{head}{table}\n\n{note}")
+    for title, phase, show in (
+        ("Fuzz: statuses", data["fuzz"], _fuzz),
+        ("Lost updates", data["lost_updates"], _races),
+        ("Redaction after FORGET", data["redaction"], _redaction),
+        ("Cross-tenant reuse", data["cross_tenant"], _cross_tenant),
+        ("Cross-session reuse of non-prefill KV", data["cross_session"], _cross_session),
+        ("Cross-salt reuse", data["cross_salt"], _cross_salt),
+        ("/health while a long chat renders", data["health"], _health),
+    ):
+        if na(phase):
+            report.section(title, na(phase) or "")
+        else:
+            show(report, phase)
 
 
 def _fuzz(report: Report, fuzz: dict[str, Any]) -> None:
@@ -123,7 +171,7 @@ def _races(report: Report, races: dict[str, Any]) -> None:
     report.section("Lost updates", f"{head}\n\n{table}\n\n{answers}")
 
 
-def _leaks(report: Report, redaction: list[dict[str, Any]], crossed: list[dict[str, Any]]) -> None:
+def _redaction(report: Report, redaction: list[dict[str, Any]]) -> None:
     header = ["scenario", "trial", "secret [start, end)", "probe reused", "leaked tokens"]
     rows = [
         [r["scenario"], r["trial"], _span(r), r["probe_reused"], r["leaked_tokens"]]
@@ -134,9 +182,80 @@ def _leaks(report: Report, redaction: list[dict[str, Any]], crossed: list[dict[s
         "would show. It is not counted as a leak."
     )
     report.section("Redaction after FORGET", markdown_table(header, rows) + f"\n\n{note}")
+
+
+def _cross_tenant(report: Report, crossed: list[dict[str, Any]]) -> None:
     rows = [[r["trial"], r["how"], r["reused"]] for r in crossed]
     table = markdown_table(["trial", "tenant B sends A's prompt", "reused tokens"], rows)
     report.section("Cross-tenant reuse", table)
+
+
+def _cross_session(report: Report, rows: list[dict[str, Any]]) -> None:
+    header = [
+        "scenario", "tokens", "span", "splice path", "splice arm |Δ|", "plain |Δ|",
+        "plain reused", "forget |Δ|", "forget path", "forget reused",
+    ]  # fmt: skip
+    table = [
+        [
+            r["scenario"],
+            r["tokens"],
+            f"[{r['span'][0]}, {r['span'][1]})",
+            r["splice"]["path"],
+            _delta(r["splice"]),
+            _delta(r["plain"]),
+            _reuse(r["plain"]["reused"]),
+            _delta(r["forget"]),
+            r["forget"]["path"],
+            _reuse(r["forget"]["reused"]),
+        ]
+        for r in rows
+    ]
+    references = ", ".join(sorted({r["reference"] for r in rows}))
+    note = (
+        f"|Δ|: max |Δ logprob| over the exact next-token top-{TOP} of the edited tokens "
+        f"(reference: {references}); target <= {TOLERANCE:g} for the plain request and the "
+        "FORGET. The splice arm is P's own turn: it keeps KV that attended to the removed "
+        "span, so it should differ (informative). Reused: the server's count of cached "
+        "prompt tokens (`-`: not reported); the plain request may reuse at most the tokens "
+        "before the stub's end."
+    )
+    if any("server prefill" in r["reference"] for r in rows):
+        note += (
+            " Without --model-dir the reference is the same server's prefill: a server "
+            "wrong in both would pass."
+        )
+    bad = [f"scenario {r['scenario']}: {'; '.join(r['leaks'])}" for r in rows if r["leaks"]]
+    tail = ("\n\n" + "\n".join(f"* {b}" for b in bad)) if bad else ""
+    report.section(
+        "Cross-session reuse of non-prefill KV",
+        markdown_table(header, table) + f"\n\n{note}{tail}",
+    )
+
+
+def _cross_salt(report: Report, rows: list[dict[str, Any]]) -> None:
+    table = [[r["trial"], r["how"], r["salt"] or "-", _reuse(r["reused"])] for r in rows]
+    note = (
+        "Probes (salt Y, no salt, plain) must reuse 0 tokens; the control (salt X again) "
+        "reuses, so a zero means something. Every prompt starts with random token ids."
+    )
+    body = markdown_table(["trial", "request", "cache_salt", "reused tokens"], table)
+    report.section("Cross-salt reuse", f"{body}\n\n{note}")
+
+
+def _delta(arm: dict[str, Any]) -> str:
+    delta = arm["max_abs_delta"]
+    if delta is None:
+        return "-"
+    missing = f" ({arm['missing']} missing)" if arm.get("missing") else ""
+    return f"{delta:.2e}{missing}"
+
+
+def _reuse(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _verdict(met: bool | None, yes: str, no: str) -> str:
+    return "n/a" if met is None else yes if met else no
 
 
 def _cell(text: str) -> str:
@@ -160,14 +279,25 @@ def _health(report: Report, health: dict[str, Any]) -> None:
 
 def text(data: dict[str, Any]) -> str:
     fuzz = data["fuzz"]
-    lines = [
-        f"fuzz: {fuzz['requests']} requests in {fuzz['seconds']:.0f} s; statuses "
-        + ", ".join(f"{k}: {n}" for k, n in fuzz["statuses"].items())
-    ]
+    lines = []
+    if not na(fuzz):
+        lines.append(
+            f"fuzz: {fuzz['requests']} requests in {fuzz['seconds']:.0f} s; statuses "
+            + ", ".join(f"{k}: {n}" for k, n in fuzz["statuses"].items())
+        )
     for t in data["targets"]:
-        verdict = "ok" if t["met"] else "NOT MET"
-        lines.append(f"  {t['check']:<40} {t['value']!s:>14}  target {t['target']:<12} {verdict}")
-    for e in fuzz["examples"][:10]:
+        verdict = _verdict(t["met"], "ok", "NOT MET")
+        lines.append(f"  {t['check']:<44} {t['value']!s:>14}  target {t['target']:<12} {verdict}")
+    crossed = data.get("cross_session")
+    if crossed and not na(crossed):
+        for r in crossed:
+            lines.append(
+                f"  cross-session {r['scenario']}: max |Δ logprob| plain {_delta(r['plain'])}, "
+                f"forget {_delta(r['forget'])}, splice arm {_delta(r['splice'])}; reused plain "
+                f"{_reuse(r['plain']['reused'])}, forget {_reuse(r['forget']['reused'])} "
+                f"of {r['edited_tokens']}"
+            )
+    for e in [] if na(fuzz) else fuzz["examples"][:10]:
         lines.append(
             f"  ! {e['kind']} ({e['status']}) x{e['times']}: {e['detail'][:120]}\n"
             f"      {e['request'][:200]}"

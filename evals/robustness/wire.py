@@ -14,6 +14,11 @@ import httpx
 WRONG_KEY = "not-a-key-0123456789"
 
 
+def auth_headers(key: str | None) -> dict[str, str]:
+    """The bearer header for ``key``; none for a server that takes no key (None)."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     status: int

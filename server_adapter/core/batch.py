@@ -9,7 +9,7 @@ backends execute plans and never re-check: a rule lives here once, so it holds o
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from leyline.protocol.algebra import Edit, EditResult, apply_edits, replacement_spans
 from leyline.protocol.capabilities import Limits
@@ -48,6 +48,10 @@ class EditPlan:
     """Whose skills the composes name (set by the service that planned them)."""
     marks: tuple[ResolvedMark, ...] = ()
     """The batch's pin, unpin, decay and scratch directives (the core keeps the marks)."""
+    cancelled: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
+    """Whether the client that sent the batch has left (where the server tracks it): a
+    backend checks it when the plan's model work would start and then runs none of it, so
+    a batch queued behind other work whose client hung up changes nothing."""
 
     @property
     def tokens(self) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ another server's app changes nothing of that app's own routes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -37,6 +38,12 @@ def tenant_of(request: Request) -> str:
     return str(getattr(request.state, "tenant", None) or DEFAULT_TENANT)
 
 
+def client_gone(request: Request) -> Callable[[], bool] | None:
+    """Whether the request's client has hung up, where the server's transport tracks it
+    (``request.state.client_gone``, set by ``leyline serve``'s middleware), else None."""
+    return getattr(request.state, "client_gone", None)
+
+
 def leyline_router(service: SessionService[Any]) -> APIRouter:
     router = APIRouter(tags=["Leyline"], route_class=LeylineRoute)
 
@@ -63,7 +70,7 @@ def leyline_router(service: SessionService[Any]) -> APIRouter:
         session: str, body: ApplyDirectives, request: Request
     ) -> LeylineResponse:
         """Apply a batch without generating (all-or-nothing; 409 on a stale revision)."""
-        return await service.apply(tenant_of(request), session, body)
+        return await service.apply(tenant_of(request), session, body, client_gone(request))
 
     @router.post(Routes.skills, status_code=201)
     async def create_skill(body: SkillCreate, request: Request) -> SkillInfo:

@@ -141,10 +141,18 @@ class SessionService(Generic[H]):
         async with self.store.leased(tenant, session_id):  # after a running request ends
             self.store.delete(tenant, session_id)
 
-    async def apply(self, tenant: str, session_id: str, body: ApplyDirectives) -> LeylineResponse:
-        """Apply a batch without generating: all-or-nothing, 409 on a stale revision."""
+    async def apply(
+        self,
+        tenant: str,
+        session_id: str,
+        body: ApplyDirectives,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> LeylineResponse:
+        """Apply a batch without generating: all-or-nothing, 409 on a stale revision.
+        ``cancelled``: whether the client left (``EditPlan.cancelled``)."""
         async with self.store.leased(tenant, session_id) as session:
             plan = await self.plan(session, body.directives, body.base_revision)
+            plan = replace(plan, cancelled=cancelled)
             report = await self.backend.execute(
                 session.handle, plan, allow_fallback=body.options.allow_fallback
             )

@@ -5,26 +5,29 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
 
 from leyline.protocol import PROTOCOL_VERSION
 
 from ..core.routes import leyline_router
 from ..engine import Engine
-from ..engine_backend import EngineBackend
 from .access import Access
-from .engine_runner import EngineRunner
-from .errors import BodyLimit, install_error_handlers
+from .engine_runner import EngineRunner, ServedBackend
+from .errors import BodyLimit, HeadAsGet, install_error_handlers
+from .jobs import ClientGone
 from .routes_openai import openai_router
-from .service import LeylineService
+from .service import Cancelled, LeylineService
 from .settings import ServerSettings
+
+CLIENT_CLOSED = 499
+"""The status of a request whose client left before its model work started."""
 
 
 def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
     name = settings.served_model_name or engine.loaded.name
     # Tenants: the access layer below maps each API key to one (access.py).
-    backend = EngineBackend(
+    backend = ServedBackend(
         engine,
         limits=settings.limits,
         model_name=name,
@@ -56,6 +59,12 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
     app.state.service = service
     app.state.engine = engine
     install_error_handlers(app)
+
+    @app.exception_handler(Cancelled)
+    async def _client_left(_: Request, exc: Cancelled) -> Response:
+        # Nobody reads this answer; 499 (nginx's "client closed request") counts it apart.
+        return Response(status_code=CLIENT_CLOSED)
+
     app.include_router(openai_router(service))
     app.include_router(leyline_router(service.core))
 
@@ -73,6 +82,8 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
         service.metrics.record_scheduler(backend.scheduler.stats())
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    app.add_middleware(ClientGone)
     app.add_middleware(Access, tenants=settings.tenants_by_key(), metrics=service.metrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HeadAsGet)  # outermost: Access counts a HEAD by its GET route
     return app

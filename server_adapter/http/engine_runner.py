@@ -11,13 +11,30 @@ from typing import Any
 from leyline.protocol.spans import MessageSpan
 
 from ..core.backend import Rendered
-from ..core.batch import common_prefix
+from ..core.batch import EditPlan, common_prefix
 from ..engine_backend import EngineBackend
 from ..reports import GenerationResult, OpReport
 from ..session import PendingGeneration, SessionCache
 from ..work_estimates import turn_cost
 from .openai_types import ChatMessage, ToolSpec
 from .turns import Cancelled, Outcome, Turn, TurnTiming
+
+
+class ServedBackend(EngineBackend):
+    """The engine backend of ``leyline serve``: a plan whose client has left by the time its
+    model work would start runs none of it (``EditPlan.cancelled``), so a directive batch
+    queued behind other work changes nothing once its client hung up."""
+
+    def execute_now(
+        self,
+        handle: SessionCache,
+        plan: EditPlan,
+        allow_fallback: bool,
+        final_tokens: Sequence[int] | None = None,
+    ) -> OpReport:
+        if plan.cancelled is not None and plan.cancelled():
+            raise Cancelled
+        return super().execute_now(handle, plan, allow_fallback, final_tokens)
 
 
 class EngineRunner:

@@ -6,6 +6,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from leyline.protocol import ErrorCode, LeylineError
@@ -13,7 +14,7 @@ from leyline.protocol import ErrorCode, LeylineError
 from ..chat.render import ChatTemplateError
 from ..core.route_guard import error_response, http_error, internal_error, validation_error
 
-__all__ = ["BodyLimit", "error_response", "install_error_handlers"]
+__all__ = ["BodyLimit", "HeadAsGet", "error_response", "install_error_handlers"]
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -32,6 +33,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 405:
+            allow = {"Allow": allowed_methods(request)}
+            exc = HTTPException(405, exc.detail, {**(exc.headers or {}), **allow})
         return error_response(http_error(exc, request), exc.headers)  # 404, 405 (Allow)
 
     @app.exception_handler(ChatTemplateError)
@@ -42,6 +46,22 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         # Starlette re-raises after answering, so uvicorn logs the traceback.
         return error_response(internal_error(exc))
+
+
+def allowed_methods(request: Request) -> str:
+    """The methods of every route of the app at the request's path, for ``Allow``
+    (Starlette's own 405 names only the first route that matched it: GET, not DELETE, on
+    ``/leyline/v1/sessions/{id}``)."""
+    routes = request.app.router.routes  # included routers are nested: ask each to match
+
+    def takes(method: str) -> bool:
+        scope = {**request.scope, "method": method}
+        return any(route.matches(scope)[0] is Match.FULL for route in routes)
+
+    return ", ".join(m for m in _METHODS if takes(m))
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 class BodyLimit:
@@ -82,3 +102,28 @@ class BodyLimit:
             f"request body is larger than this server's limit of {self.max_bytes} bytes",
             "body",
         )
+
+
+class HeadAsGet:
+    """Answer HEAD as the GET of the same path, without the body (ASGI middleware).
+
+    HTTP gives every GET resource a HEAD (RFC 9110, 9.3.2) and forbids a body in the
+    answer; without this a HEAD anywhere was a body-less 405 or 404. Now it is the GET's
+    status and headers: 200 where GET is served, else the error's (405 with ``Allow``).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        # A copy: the server's own scope stays HEAD, so it sends no body either.
+        await self.app({**scope, "method": "GET"}, receive, headers_only)

@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from ..chat.token_bytes import token_bytes
 from ..core.route_guard import LeylineRoute
-from ..core.routes import tenant_of
+from ..core.routes import client_gone, tenant_of
 from ..reports import TokenChoice
 from .jobs import Job, TokenJob
 from .openai_types import (
@@ -101,7 +101,7 @@ async def _respond(
     revision conflict) is still a plain typed HTTP error.
     """
     t0 = time.perf_counter()
-    job = TokenJob(work)
+    job = TokenJob(work, client_gone(request))
     try:
         if stream:
             first = await job.first_token()

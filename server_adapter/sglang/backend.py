@@ -7,14 +7,21 @@ which splices the tree's KV or purges it (FORGET); an inserted run with no KV ye
 prefilled by a generate and the request repeated. The core has checked the plan whole
 (revision, spans, limits, tokens), so nothing here re-checks a protocol rule.
 
+**Namespaces** (protocol 3.1, 3.4): KV that is not the exact prefill of its tokens (kept
+downstream of a splice, a composed block) must serve only the session that made it. The
+tree is keyed by tokens, so such a build goes to a namespace of the session's own (a
+``cache_salt`` nobody else sends) and the session stays there; exact KV stays shared.
+
 Imports neither torch nor SGLang: the link is the only part that talks to SGLang
 (``tokenizer_side.TokenizerManagerLink``), so this logic runs in ``make test`` too.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,6 +51,8 @@ from .skill_store import HeldSkill, SkillHolds
 if TYPE_CHECKING:
     from ..chat.render import ChatRenderer
     from ..http.openai_types import ChatMessage, ToolSpec
+
+logger = logging.getLogger(__name__)
 
 EXECUTED_VERBS = (Verb.splice, Verb.forget, Verb.erratum, Verb.compose)
 #: The cache layouts the scheduler side can rotate (``kv_rows``).
@@ -129,12 +138,15 @@ class SglangSession:
     """The namespace the session shares with requests of its ``cache_salt`` (SGLang's own
     ``cache_salt``: keys of different salts never share a tree node); None: the public one."""
     private_salt: str | None = None
-    """The session's own namespace once it has composed: a composed sequence is not a
-    prefill of its tokens, so no other request may match it (protocol 3.4)."""
+    """The session's own namespace once it holds KV that is not a prefill of its tokens
+    (after a splice that kept downstream KV, or a compose): nobody else may match it."""
 
     shared_tokens: tuple[int, ...] = ()
     """What the session held in its shared namespace when it went private (that namespace
     still caches them, for every request of its salt)."""
+    abandoned: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    """Private namespaces the session left (a fallback's partial build), with the tokens
+    cached there: purged on close."""
 
     @property
     def salt(self) -> str | None:
@@ -161,6 +173,7 @@ class SglangBackend:
         self.model_name = model_name
         self._renderer: ChatRenderer | None = None
         self.skills = SkillHolds(link, model_name or "sglang")
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def limits(self) -> Limits:
@@ -287,7 +300,31 @@ class SglangBackend:
         return 0  # the tree owns the KV; a session pins nothing (SGLang evicts it LRU)
 
     def close(self, handle: SglangSession) -> None:
-        pass
+        # The session's own namespaces hold KV nobody else may read: free it now rather
+        # than leave it to the tree's LRU (a deleted session lets go of what it held).
+        private = list(handle.abandoned)
+        if handle.private_salt is not None:
+            private.append((handle.private_salt, handle.view.tokens))
+        if private:
+            self._background(self._purge(private))
+
+    async def _purge(self, namespaces: Sequence[tuple[str, tuple[int, ...]]]) -> None:
+        """Drop each namespace's KV from its first page on (a FORGET at 0 there)."""
+        for salt, tokens in namespaces:
+            try:
+                await self.link.send("forget", tokens, [Edit(0, 0, ())], old_salt=salt)
+            except Exception:  # the session is gone either way; the tree's LRU takes it
+                logger.exception("purging a closed session's namespace %s failed", salt)
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # closed outside the server's loop (a test): nothing to purge
+            work.close()
+            return
+        task = loop.create_task(work)
+        self._tasks.add(task)  # a task nobody references may be collected mid-run
+        task.add_done_callback(self._tasks.discard)
 
     async def prefill(
         self, handle: SglangSession, tokens: Sequence[int], spans: Sequence[MessageSpan]
@@ -316,41 +353,76 @@ class SglangBackend:
             # there is computed in full (protocol 3.4), so nothing needs a namespace.
             out = await self._forget(handle, plan)
             report = self._report(plan, Path.reprefill, min(out.cached_tokens, forget_from), 0)
+            if keeps_downstream_kv(plan) and not plan.composes:
+                # Rule 6 of a batch: a splice before the forget keeps its downstream KV up
+                # to the forget, and that KV is the session's own. The build prefills the
+                # rest in context.
+                built = await self._private_build(handle, plan, allow_fallback, ())
+                if built.path is Path.splice:
+                    reused, rotated = built.reused_tokens, built.rotated_tokens
+                    report = self._report(plan, Path.reprefill, reused, rotated)
+                else:
+                    report = built
+            elif plan.tokens:
+                # Re-prefill now, as the reference does: the session's KV is whole after the
+                # directive, so a later edit finds its source without a turn in between.
+                await self.link.prefill(plan.tokens, handle.salt)
         elif plan.composes:
-            report = await self._compose(handle, plan, allow_fallback)
+            tenant = plan.tenant or DEFAULT_TENANT
+            with self.skills.using(tenant, [c.skill for c in plan.composes]) as skills:
+                report = await self._private_build(
+                    handle, plan, allow_fallback, _blocks(plan, skills)
+                )
         elif result.first_change == len(base.tokens):
             # Errata only: nothing cached moves; the next generate appends the note.
             report = self._report(plan, Path.prefix_hit, len(base.tokens), 0)
+        elif keeps_downstream_kv(plan):
+            report = await self._private_build(handle, plan, allow_fallback, ())
         else:
+            # Nothing kept past the edit (a cut of the tail, say): every token from the first
+            # change on is computed in context, so the build is exact and stays shared.
             report = await self._splice(plan, allow_fallback, (), handle.salt, handle.salt)
         handle.view = SessionView(plan.tokens, base.revision + 1, plan.spans)
         return report
 
-    async def _compose(
-        self, handle: SglangSession, plan: EditPlan, allow_fallback: bool
+    async def _private_build(
+        self,
+        handle: SglangSession,
+        plan: EditPlan,
+        allow_fallback: bool,
+        blocks: Sequence[BlockSource],
     ) -> OpReport:
-        """A splice whose blocks are copied from their skills, built in the session's own
-        namespace (a composed sequence must never match another request's tokens)."""
-        tenant = plan.tenant or DEFAULT_TENANT
-        with self.skills.using(tenant, [c.skill for c in plan.composes]) as skills:
-            blocks = _blocks(plan, skills)
-            salt = handle.private_salt or _private_salt()
-            report = await self._splice(plan, allow_fallback, blocks, handle.salt, salt)
-        # A fallback may leave part of a build in ``salt``'s namespace; the generate that
-        # re-prefills must not find it, so the session moves to a namespace of its own.
-        if handle.private_salt is None:
-            handle.shared_tokens = handle.view.tokens
-        handle.private_salt = salt if report.path is Path.splice else _private_salt()
+        """A splice (its blocks copied from their skills, if any) whose KV past the first
+        change is not a prefill of its tokens: built in the session's own namespace, the
+        exact prefix copied there once (protocol 3.1, 3.4)."""
+        salt = private_namespace(handle)
+        report = await self._splice(plan, allow_fallback, blocks, handle.salt, salt)
+        if report.path is Path.splice:
+            if handle.private_salt is None:
+                handle.shared_tokens = handle.view.tokens
+            handle.private_salt = salt
+        elif handle.private_salt is not None:
+            # A fallback may leave part of a build in the session's namespace; the generate
+            # that re-prefills must not find it, so the session moves to a fresh one.
+            handle.abandoned.append((handle.private_salt, plan.tokens))
+            handle.private_salt = _private_salt()
+        else:
+            handle.abandoned.append((salt, plan.tokens))  # a partial build nobody will read
         return report
 
     async def _forget(self, handle: SglangSession, plan: EditPlan) -> SchedulerAnswer:
-        """Purge what was derived from the forgotten span where the session's KV is, and,
-        once it has composed, where it was before (its shared namespace still caches the
-        revisions before the first compose)."""
+        """Purge what was derived from the forgotten span where the session's KV is and,
+        once it went private, in its shared namespace: the same tokens as anyone there
+        cached them, and the revision it left there."""
         base = handle.view
         out = checked(await self.link.send("forget", base.tokens, plan.edits, old_salt=handle.salt))
         if handle.private_salt is not None:
-            # Positions there are the tokens' before the first compose: purge from where
+            # Anyone of the shared namespace may have prefilled these same tokens (a plain
+            # request for them): that KV holds the span too.
+            checked(
+                await self.link.send("forget", base.tokens, plan.edits, old_salt=handle.shared_salt)
+            )
+            # Positions there are the tokens' before the session went private: from where
             # the revisions part (or from the forget, if earlier), which covers wherever
             # the forgotten tokens sat.
             shared = handle.shared_tokens
@@ -372,6 +444,7 @@ class SglangBackend:
         # Each inserted run may need one generate; a repeat of the same request means the
         # prefill did not land in the tree, and the splice gives up rather than loop.
         asked: set[int] = set()
+        rotated = 0  # each call builds past what the earlier ones did: their counts add up
         while True:
             out = checked(
                 await self.link.send(
@@ -383,11 +456,10 @@ class SglangBackend:
                     new_salt=new_salt,
                 )
             )
+            rotated += out.rotated_tokens
             if out.ok and out.pending_prefill is None:
                 reason = FallbackReason(out.fallback_reason) if out.fallback_reason else None
-                return self._report(
-                    plan, Path.splice, out.reused_tokens, out.rotated_tokens, reason
-                )
+                return self._report(plan, Path.splice, out.reused_tokens, rotated, reason)
             if not out.ok or out.pending_prefill in asked:
                 reason = FallbackReason(out.fallback_reason or FallbackReason.unsupported_runtime)
                 if not allow_fallback:
@@ -422,6 +494,25 @@ class SglangBackend:
 
 def _private_salt() -> str:
     return f"leyline-session-{uuid.uuid4().hex}"
+
+
+def private_namespace(handle: SglangSession) -> str:
+    """Where a session builds KV that is not the exact prefill of its tokens: its own
+    namespace (one is minted the first time). The live tests' mutant replaces this."""
+    return handle.private_salt or _private_salt()
+
+
+def keeps_downstream_kv(plan: EditPlan) -> bool:
+    """Whether the new sequence keeps cached KV past the first change (other than its last
+    token, which is always recomputed): that KV attended to what the edit removed."""
+    result = plan.result
+    last = len(result.tokens) - 1
+    return any(
+        run.kind == "kept"
+        and run.new_end > result.first_change
+        and max(run.new_start, result.first_change) < last
+        for run in result.runs
+    )
 
 
 def _blocks(plan: EditPlan, skills: Sequence[HeldSkill]) -> list[BlockSource]:

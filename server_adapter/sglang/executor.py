@@ -41,7 +41,6 @@ from typing import Any, cast
 import torch
 
 from leyline.protocol.algebra import Edit, EditResult, Run, apply_edits
-from leyline.protocol.directives import Mode
 from leyline.protocol.errors import ErrorCode, LeylineError
 from leyline.protocol.fallback import FallbackReason
 from leyline.server_adapter.errors import SpliceUnsupportedError
@@ -141,8 +140,9 @@ class SpliceExecutor:
             SpliceUnsupportedError: ``missing_source`` when the old sequence is no longer
                 cached; nothing changed.
         """
-        if any(Mode(e.mode) is Mode.forget for e in edits):
-            raise ValueError("FORGET edits re-prefill: use forget(), not splice()")
+        # With a FORGET in the batch (protocol 4, rule 6) everything from its start is a
+        # ``recompute`` run: a fresh piece the generate prefills in context, after the kept
+        # runs of the splices before it. The caller purges the forgotten span first.
         result = apply_edits(old_tokens, edits)
         new = result.tokens
         for block in blocks:

@@ -99,6 +99,7 @@ run_server() {
   port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   # The test plugin in tests/sglang_live/_stubs reads this in the server; the test touches it.
   export LEYLINE_LIVE_ROTATION_OFF_FLAG=$run/$name/rotation-off
+  export LEYLINE_LIVE_SHARED_SPLICE_FLAG=$run/$name/shared-splice
   # shellcheck disable=SC2086  # the launch flags are separate words
   if ! bash "$server" start "$run/$name" "${dirs[$model]}" "$port" $flags; then
     failed+=("$name (server start)")

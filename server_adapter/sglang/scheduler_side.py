@@ -56,10 +56,17 @@ def handle(scheduler: Any, req: LeylineSpliceReqInput) -> LeylineSpliceReqOutput
             return LeylineSpliceReqOutput(
                 ok=True, cached_tokens=held, released=released, rid=req.rid
             )
-        mode = Mode.forget if req.verb == "forget" else Mode.amortize
-        edits = [Edit(s, e, tuple(r), mode, i) for i, (s, e, r) in enumerate(req.edits)]
-        if mode is Mode.forget:
-            start = min(e.start for e in edits)
+        # ``forget`` purges from its earliest FORGET (every edit, if none is marked); a
+        # ``splice`` may carry FORGETs too (a mixed batch, built as rule 6 says).
+        forgets = set(req.forgets)
+        if req.verb == "forget" and not forgets:
+            forgets = set(range(len(req.edits)))
+        edits = [
+            Edit(s, e, tuple(r), Mode.forget if i in forgets else Mode.amortize, i)
+            for i, (s, e, r) in enumerate(req.edits)
+        ]
+        if req.verb == "forget":
+            start = min(e.start for e in edits if e.mode is Mode.forget)
             out = forget_after(executor.tree, req.old_tokens, start, req.old_salt)
             return LeylineSpliceReqOutput(ok=True, cached_tokens=out.kept_prefix, rid=req.rid)
         result = executor.splice(

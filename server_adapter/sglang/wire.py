@@ -13,6 +13,7 @@ import msgspec
 from sglang.srt.managers.io_struct import BaseReq, hook_custom_types
 
 from leyline.protocol.algebra import Edit
+from leyline.protocol.directives import Mode
 
 from .backend import BlockSource, SchedulerAnswer
 
@@ -27,6 +28,8 @@ class LeylineSpliceReqInput(BaseReq, kw_only=True):  # type: ignore[misc, call-a
     verb: str  # "splice", "forget", "hold" or "release"
     old_tokens: list[int]
     edits: list[WireEdit]
+    forgets: list[int] = msgspec.field(default_factory=list)
+    """``splice``: which of ``edits`` are FORGETs (a mixed batch; the rest AMORTIZE)."""
     blocks: list[WireBlock] = msgspec.field(default_factory=list)
     old_salt: str | None = None
     new_salt: str | None = None
@@ -71,6 +74,7 @@ def to_wire(
         verb=verb,
         old_tokens=list(old_tokens),
         edits=[(e.start, e.end, list(e.replacement)) for e in edits],
+        forgets=[i for i, e in enumerate(edits) if e.mode is Mode.forget],
         blocks=[(b.start, b.end, list(b.source), b.offset, b.seam) for b in blocks],
         old_salt=old_salt,
         new_salt=new_salt,

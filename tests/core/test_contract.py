@@ -350,3 +350,22 @@ def test_an_anchor_is_unsupported_where_keys_cannot_be_rotated() -> None:
         )
     finally:
         backend.shutdown()
+
+
+def test_labels_of_skills_the_store_evicted_are_dropped() -> None:
+    """The skill store evicts on its own under its byte budget; the backend's labels (name,
+    description) must go with the skills, or they grow with every id ever registered."""
+    from tests.server_adapter._helpers import tiny_llama
+
+    engine = Engine(tiny_llama({"rope_type": "default", "rope_theta": 10000.0}))
+    # A budget of about one three-token skill: each registration evicts the one before.
+    backend = EngineBackend(engine, limits=Limits(), model_name="tiny", skill_cache_bytes=4096)
+    try:
+        service = SessionService(backend, SessionStore(backend))
+        for i in range(20):
+            run(service.create_skill(A, SkillCreate(skill=f"k{i}", tokens=[5, 6, 7 + i])))
+        held = {s.skill for s in run(service.list_skills(A)).skills}
+        assert len(held) < 20  # the store did evict
+        assert {key[1] for key in backend._labels} == held
+    finally:
+        backend.shutdown()

@@ -2,8 +2,10 @@
 
 Over the scripted scheduler (one token set per namespace): a session with a ``cache_salt``
 lives in SGLang's namespace of that salt (shared with every request that carries it); the
-first compose moves the session to a namespace of its own, where every later write and
-generate goes; a forget after that purges both. SGLang's real tree is in ``tests/sglang``.
+first splice that keeps downstream KV, or the first compose, moves the session to a
+namespace of its own (that KV is not a prefill of its tokens), where every later write and
+generate goes; a forget after that purges both; closing the session purges its own.
+SGLang's real tree is in ``tests/sglang``, and the live server's in ``tests/sglang_live``.
 """
 
 from __future__ import annotations
@@ -53,13 +55,64 @@ def test_a_cache_salt_is_sglangs_own_and_isolates_the_session() -> None:
     assert scheduler.cached_length(OLD) == 0  # the public namespace has none of it
     run(service.create(DEFAULT_TENANT, SessionCreate(session="p", tokens=list(OLD))))
     assert scheduler.cached_length(OLD) == len(OLD)
+    # An edit that keeps nothing downstream is exact: it stays in the salt's namespace.
     response = _apply(
-        service, "s", 1, SpliceDirective(span=TokenSpan(start=10, end=20), replacement=[])
+        service, "s", 1, SpliceDirective(span=TokenSpan(start=50, end=60), replacement=[1, 2])
     )
     assert response.path is Path.splice
-    new = OLD[:10] + OLD[20:]
-    assert scheduler.cached_length(new, "team-1") == len(new)
-    assert scheduler.cached_length(new) == 10
+    tail = (*OLD[:50], 1, 2)
+    assert scheduler.cached_length(tail, "team-1") == len(tail)
+    assert _handle(service, "s").private_salt is None
+
+
+def test_a_splice_that_keeps_downstream_kv_moves_the_session_to_its_own_namespace() -> None:
+    """The kept tokens attended to the cut span: no other request may match them."""
+    service, scheduler, _ = _service()
+    body = SessionCreate(session="s", tokens=list(OLD), cache_salt="team-1")
+    run(service.create(DEFAULT_TENANT, body))
+    response = _apply(
+        service, "s", 1, SpliceDirective(span=TokenSpan(start=10, end=20), replacement=[7])
+    )
+    assert response.path is Path.splice
+    handle = _handle(service, "s")
+    private = handle.private_salt
+    assert private is not None and handle.shared_salt == "team-1"
+    new = (*OLD[:10], 7, *OLD[20:])
+    assert scheduler.cached_length(new, private) == len(new)
+    assert scheduler.cached_length(new, "team-1") == 10  # the exact prefix only
+    assert scheduler.cached_length(new) == 0
+    # A forget of the same span by another session of the salt re-prefills exactly: the
+    # shared namespace never held the spliced KV.
+    run(
+        service.create(
+            DEFAULT_TENANT, SessionCreate(session="q", tokens=list(OLD), cache_salt="team-1")
+        )
+    )
+    forget = ForgetDirective(span=TokenSpan(start=10, end=20), replacement=[7])
+    assert _apply(service, "q", 1, forget).path is Path.reprefill
+    assert _handle(service, "q").private_salt is None
+
+
+def test_closing_a_private_session_purges_its_namespace() -> None:
+    async def scenario() -> tuple[ScriptedScheduler, str]:
+        service, scheduler, _ = _service()
+        await service.create(DEFAULT_TENANT, SessionCreate(session="s", tokens=list(OLD)))
+        body = ApplyDirectives(
+            base_revision=1,
+            directives=[SpliceDirective(span=TokenSpan(start=10, end=20), replacement=[])],
+        )
+        await service.apply(DEFAULT_TENANT, "s", body)
+        private = _handle(service, "s").private_salt
+        assert private is not None
+        assert scheduler.cached_length(OLD[:10] + OLD[20:], private) == 50
+        await service.delete(DEFAULT_TENANT, "s")
+        for _ in range(3):  # the purge runs in the background
+            await asyncio.sleep(0)
+        return scheduler, private
+
+    scheduler, private = run(scenario())
+    assert scheduler.cached_length(OLD[:10] + OLD[20:], private) == 0
+    assert scheduler.cached_length(OLD) == len(OLD)  # the exact, shared KV stays
 
 
 def test_the_first_compose_moves_the_session_to_its_own_namespace_for_good() -> None:
@@ -96,3 +149,16 @@ def test_a_forget_after_a_compose_purges_the_shared_namespace_too() -> None:
     assert scheduler.cached_length(OLD) == 30  # purged from where the revisions part
     composed = OLD[:30] + SKILL + OLD[30:]
     assert scheduler.cached_length(composed, private) == 60
+
+
+def test_a_private_sessions_forget_purges_a_strangers_copy_of_its_tokens() -> None:
+    """A plain request may have prefilled the session's (spliced) tokens exactly in the
+    shared namespace: that KV holds the forgotten span too, and goes with the forget."""
+    service, scheduler, _ = _service()
+    run(service.create(DEFAULT_TENANT, SessionCreate(session="s", tokens=list(OLD))))
+    _apply(service, "s", 1, SpliceDirective(span=TokenSpan(start=10, end=20), replacement=[]))
+    spliced = OLD[:10] + OLD[20:]
+    run(scheduler.prefill(spliced))  # a stranger's exact prefill of the same tokens
+    forget = ForgetDirective(span=TokenSpan(start=30, end=35), replacement=[])
+    assert _apply(service, "s", 2, forget).path is Path.reprefill
+    assert scheduler.cached_length(spliced) == 30

@@ -12,8 +12,9 @@ import pytest
 from leyline.evals.robustness.checks import Checker
 from leyline.evals.robustness.cli import SIZES
 from leyline.evals.robustness.fuzz import Call, Fuzzer, Limits
+from leyline.evals.robustness.isolation import TOLERANCE, compare, keyed, leaks, parse_answer
 from leyline.evals.robustness.races import Write, _verdict
-from leyline.evals.robustness.report import counts
+from leyline.evals.robustness.report import counts, met, targets
 from leyline.evals.robustness.source import RandomSource
 from leyline.evals.robustness.wire import Outcome
 
@@ -82,6 +83,65 @@ def test_every_way_of_losing_a_write_is_counted() -> None:
     assert _verdict(backwards, final)["out_of_order"] == 1
 
 
+EXACT = {" a": -0.5, " b": -1.5, " c": -2.5, " d": -6.0}
+
+
+def test_the_comparison_flags_a_wrong_distribution() -> None:
+    same = {k: v + 2e-4 for k, v in EXACT.items()}
+    assert compare(EXACT, same)["max_abs_delta"] == pytest.approx(2e-4)
+    shifted = EXACT | {" a": -0.9, " b": -1.1}  # what KV that saw the removed span gives
+    assert compare(EXACT, shifted)["max_abs_delta"] == pytest.approx(0.4)
+    # a top token the server does not list: its logprob there is at most the server's
+    # smallest, so the delta is at least exact - smallest
+    dropped = {" b": -1.5, " c": -2.5, " d": -6.0, " e": -7.0}
+    got = compare(EXACT, dropped)
+    assert got["missing"] == 1 and got["max_abs_delta"] == pytest.approx(6.5)
+    # a token the server ranks high that the exact top lacks
+    intruder = EXACT | {" z": -1.0}
+    assert compare(EXACT, intruder)["max_abs_delta"] == pytest.approx(5.0)
+    assert compare(EXACT, {})["max_abs_delta"] == float("inf")
+    # two reference ids with one text are ambiguous: left out, never matched to either
+    texts = {1: " a", 2: " b", 3: " b", 4: " c"}
+    assert keyed([(1, -0.5), (2, -1.0), (3, -1.2), (4, -2.0)], texts.__getitem__) == {
+        " a": -0.5,
+        " c": -2.0,
+    }
+    answer = parse_answer(
+        {"choices": [{"logprobs": {"top_logprobs": [same]}}],
+         "usage": {"prompt_tokens_details": {"cached_tokens": 7}}}
+    )  # fmt: skip
+    assert answer.top == same and answer.reused == 7 and answer.leyline is None
+
+
+def test_a_cross_session_leak_fails_its_target_and_na_is_no_pass() -> None:
+    def arm(delta: float, **extra: Any) -> dict[str, Any]:
+        return {"max_abs_delta": delta, "compared": 20, "missing": 0, **extra}
+
+    good = {
+        "scenario": 0, "splice": {"path": "splice", **arm(0.9)},
+        "plain": arm(1e-5, reused=16, reused_past_edit=0), "forget": arm(2e-5),
+    }  # fmt: skip
+    assert leaks(good) == []
+    wrong = good | {"plain": arm(0.3, reused=48, reused_past_edit=20)}
+    assert len(leaks(wrong)) == 2  # the delta and the reuse past the edit
+    assert leaks(good | {"forget": arm(TOLERANCE * 1.5)}) != []
+    na = {"n/a": "not asked for"}
+    data: dict[str, Any] = dict.fromkeys(
+        ("fuzz", "lost_updates", "redaction", "cross_tenant", "health"), na
+    )
+    data["cross_salt"] = [{"trial": 0, "how": "session, salt Y", "reused": 0, "probe": True}]
+    data["cross_session"] = [good | {"leaks": leaks(good)}]
+    rows = {t["check"]: t for t in targets(data, "fast")}
+    assert rows["cross-tenant reuse"]["met"] is None  # n/a is neither met nor failed
+    assert rows["cross-session leaks (plain, forget)"]["met"] is True
+    assert met({"targets": list(rows.values())})
+    data["cross_session"] = [wrong | {"leaks": leaks(wrong)}]
+    assert counts(data)["cross-session leaks (plain, forget)"] == 1
+    assert not met({"targets": targets(data, "fast")})
+    data["cross_session"] = [good | {"splice": arm(0.9, path="reprefill"), "leaks": []}]
+    assert counts(data)["cross-session splices not run as splice"] == 1
+
+
 class Counting(RandomSource):
     def __init__(self, seed: int) -> None:
         super().__init__(seed)
@@ -118,8 +178,11 @@ def test_fast_run_on_the_embedded_server(tmp_path: Path) -> None:
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk["targets"] == data["targets"]
     markdown = (tmp_path / "report.md").read_text()
-    for heading in ("Targets", "Fuzz: statuses", "Lost updates", "Redaction", "Cross-tenant"):
+    for heading in ("Targets", "Fuzz: statuses", "Lost updates", "Redaction", "Cross-tenant",
+                    "Cross-session", "Cross-salt"):  # fmt: skip
         assert heading in markdown
+    assert len(data["cross_session"]) == SIZES["fast"]["scenarios"]
+    assert all(t["met"] is not None for t in data["targets"])  # nothing is n/a here
     fuzz = data["fuzz"]
     assert fuzz["requests"] == SIZES["fast"]["requests"]
     assert sum(fuzz["statuses"].values()) == fuzz["requests"]
@@ -132,3 +195,38 @@ def test_fast_run_on_the_embedded_server(tmp_path: Path) -> None:
     assert tenant_a and all(r["reused"] > 0 for r in tenant_a)  # the cache works within A
     assert data["health"]["busy_ms"]["samples"] > 0  # its p99 depends on the machine's load
     assert counts(data) == dict.fromkeys(counts(data), 0), fuzz["examples"]
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_isolation_checks_against_a_live_leyline_serve(tmp_path: Path) -> None:
+    """--base-url on a real `leyline serve` (two tenants): cross-session against the
+    transformers reference, cross-salt, cross-tenant; the rest asked away is n/a."""
+    from leyline.evals.robustness.run import Options, run_robustness
+    from leyline.evals.robustness.server import ServerLimits, serve
+    from leyline.server_adapter.sglang.live_models import smollm2_dir
+
+    model_dir = smollm2_dir()
+    with serve(tmp_path, ServerLimits()) as served:
+        options = Options(
+            mode="fast", out=tmp_path / "report", progress=False, base_url=served.base_url,
+            api_key=served.keys["alpha"], api_key_b=served.keys["bravo"], model_dir=model_dir,
+            checks=("cross_session", "cross_salt", "cross_tenant"), scenarios=1, trials=1,
+            prompt_tokens=60,
+        )  # fmt: skip
+        data = run_robustness(options)
+    rows = {t["check"]: t for t in data["targets"]}
+    assert rows["5xx"]["met"] is None and str(rows["5xx"]["value"]).startswith("n/a")
+    for check in ("cross-tenant reuse", "cross-session leaks (plain, forget)",
+                  "cross-session splices not run as splice", "cross-salt reuse"):  # fmt: skip
+        assert rows[check]["met"] is True, rows[check]
+    (scenario,) = data["cross_session"]
+    assert scenario["reference"].startswith("transformers")
+    assert scenario["exact_top"] >= 15
+    for arm in ("plain", "forget"):
+        assert scenario[arm]["max_abs_delta"] <= TOLERANCE, scenario
+    assert scenario["forget"]["path"] == "reprefill"
+    # the splice keeps KV that attended to the removed span: its own turn differs
+    assert scenario["splice"]["max_abs_delta"] > TOLERANCE, scenario
+    controls = [r for r in data["cross_salt"] if r["how"].startswith("control")]
+    assert controls and all(r["reused"] > 0 for r in controls)  # a zero means something

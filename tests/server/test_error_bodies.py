@@ -210,6 +210,63 @@ def test_bad_bytes_and_routes_get_protocol_bodies(
     assert got == 200, body
 
 
+ROUTES = {
+    "/health": {"GET"},
+    "/metrics": {"GET"},
+    "/v1/models": {"GET"},
+    "/v1/chat/completions": {"POST"},
+    "/v1/completions": {"POST"},
+    "/leyline/v1/capabilities": {"GET"},
+    "/leyline/v1/sessions": {"POST"},
+    f"/leyline/v1/sessions/{SESSION}": {"GET", "DELETE"},
+    DIRECTIVES: {"POST"},
+    "/leyline/v1/skills": {"GET", "POST"},
+    "/leyline/v1/skills/some-skill": {"GET", "DELETE"},
+    "/leyline/v1/tokenize": {"POST"},
+    "/leyline/v1/detokenize": {"POST"},
+    "/leyline/v1/schema": {"GET"},
+}
+UNKNOWN = ["/", "/v1", "/v1/embeddings", "/v1/models/x", "/leyline/v1", "/leyline/v2/schema"]
+METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "PROPFIND"]
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_every_wrong_method_and_unknown_path_is_a_protocol_error(wire: Wire) -> None:
+    for path, allowed in ROUTES.items():
+        for method in METHODS:
+            if method in allowed:
+                continue
+            got, body, headers = wire.send(method, path, b"{}")
+            assert got == 405, (method, path, body)
+            assert_protocol_error(body, "method_not_allowed")
+            assert set(headers["allow"].split(", ")) == allowed, (method, path, headers)
+    for path in UNKNOWN:
+        for method in METHODS:
+            got, body, _ = wire.send(method, path, b"{}")
+            assert got == 404, (method, path, body)
+            assert_protocol_error(body, "not_found")
+    assert wire.still_open()
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_head_is_the_get_without_its_body(wire: Wire) -> None:
+    """HTTP forbids a body in a HEAD answer: it gets the GET's status and headers."""
+    for path, allowed in [*ROUTES.items(), *((p, set()) for p in UNKNOWN)]:
+        got, body, headers = wire.send("HEAD", path)
+        status = 200 if "GET" in allowed else 405 if allowed else 404
+        if path == f"/leyline/v1/sessions/{SESSION}":
+            status = 404  # GET answers unknown_session: no such session
+        if path == "/leyline/v1/skills/some-skill":
+            status = 404  # unknown_skill
+        assert (got, body) == (status, None), (path, got, body)
+        assert int(headers["content-length"]) > 0  # the length the GET's body has
+        if status == 405:
+            assert set(headers["allow"].split(", ")) == allowed, (path, headers)
+    assert wire.still_open()
+
+
 @pytest.mark.slow
 @pytest.mark.model
 def test_an_oversize_body_without_a_length_is_a_413(server: Server) -> None:

@@ -589,3 +589,25 @@ def test_random_operations_agree_with_naive_model(
             assert cache.evict(need).blocks == model.evict(need)
         assert {prefix_of(n) for n in trie_nodes(cache)} == set(model.stamp)
         check_invariants(cache)
+
+
+def test_salts_hold_roots_only_while_they_hold_blocks() -> None:
+    """Clients choose ``cache_salt``s: a lookup, a miss, a purge or an insert that fits
+    nothing must not leave a root behind, so the trie's roots stay bounded by the salts
+    that hold KV (a fuzz run sends a new salt per request)."""
+    cache = PrefixCache(budget_bytes=2 * block_bytes(), block_size=BS)  # one sequence
+    trie = cache._trie
+    toks = list(range(1, 9))
+    for i in range(50):
+        salt = f"s{i}"
+        assert cache.match(toks, salt=salt, lock=True).matched_tokens == 0
+        cache.purge(toks, 0, salt=salt)
+    assert trie.salts == 1  # the public root only
+    cache.insert(toks, gqa_kv(toks), salt="kept")
+    assert trie.salts == 2 and cache.match(toks, salt="kept").matched_tokens == 8
+    cache.purge(toks, 0, salt="kept")
+    assert trie.salts == 1 and cache.match(toks, salt="kept").matched_tokens == 0
+    cache.insert(toks, gqa_kv(toks), salt="a")
+    cache.insert(toks, gqa_kv(toks), salt="b")  # evicts a's blocks to fit
+    assert cache.match(toks, salt="a").matched_tokens == 0
+    assert trie.salts == 2  # a's root went with its last block

@@ -164,7 +164,26 @@ def test_splice_directive_end_to_end_on_real_classes() -> None:
     new = _tokens(service, session)
     assert new == tuple([*OLD[:20], 7, 8, 9, *OLD[50:]])
     assert resp.reused_tokens + resp.prefilled_tokens == len(new)
-    assert TreeOps(stack.tree).match(list(new)).length == len(new) - 1  # a moved last token
+    # The kept downstream KV attended to the cut span: it is built in the session's own
+    # namespace (the replacement's prefill named it), and the public tree matches only the
+    # exact prefix, so no plain request or other session is served it.
+    salt = link.salts[-1]
+    assert salt is not None and salt.startswith("leyline-session-")
+    ops = TreeOps(stack.tree)
+    assert ops.match(list(new), salt).length == len(new) - 1  # a moved last token
+    assert ops.match(list(new)).length == 20
+    assert ops.match(OLD).length == len(OLD)  # the exact original stays shared
+
+    # Deleting the session purges its namespace (in the background: the loop runs it).
+    async def delete_and_settle() -> None:
+        await service.delete(DEFAULT_TENANT, session)
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    _run(delete_and_settle())
+    assert ops.match(list(new), salt).length == 0
+    assert ops.match(OLD).length == len(OLD)
+    ops.tree.sanity_check()
 
 
 def test_stale_revision_and_bad_span_are_typed_errors() -> None:
@@ -251,7 +270,8 @@ def test_compose_of_an_unknown_skill_changes_nothing() -> None:
 
 def test_a_cache_salt_is_sglangs_own_namespace_on_the_real_tree() -> None:
     """A session with a cache_salt lives under SGLang's ``cache_salt`` key: the public tree
-    never matches it, and its splice is built there too."""
+    never matches it; an exact edit (nothing kept downstream) is built there too, a splice
+    that keeps downstream KV in the session's own namespace."""
     stack = build("unified-python")
     service, link = _service(stack)
     body = SessionCreate(session="s", tokens=OLD, cache_salt="team-1")
@@ -259,8 +279,37 @@ def test_a_cache_salt_is_sglangs_own_namespace_on_the_real_tree() -> None:
     assert link.salts == ["team-1"]
     ops = TreeOps(stack.tree)
     assert (ops.match(OLD, "team-1").length, ops.match(OLD).length) == (len(OLD), 0)
-    resp = _apply(service, "s", [SpliceDirective(span=TokenSpan(start=20, end=50))], 1)
+    resp = _apply(service, "s", [SpliceDirective(span=TokenSpan(start=60, end=80))], 1)
     assert (resp.path, resp.fallback_reason) == (Path.splice, None)
     new = _tokens(service, "s")
-    assert ops.match(list(new), "team-1").length == len(new) - 1
+    assert ops.match(list(new), "team-1").length == len(new) == 60
     assert ops.match(list(new)).length == 0
+    resp = _apply(service, "s", [SpliceDirective(span=TokenSpan(start=20, end=50))], 2)
+    assert (resp.path, resp.fallback_reason) == (Path.splice, None)
+    newer = _tokens(service, "s")
+    assert ops.match(list(newer), "team-1").length == 20
+    private = service.store.get(DEFAULT_TENANT, "s").handle.private_salt
+    assert private is not None
+    assert ops.match(list(newer), private).length == len(newer) - 1
+    assert ops.match(list(newer)).length == 0
+
+
+def test_a_splice_before_a_forget_keeps_its_downstream_kv_up_to_the_forget() -> None:
+    """Batch rule 6: the forget purges and re-prefills from its start; the splice before it
+    keeps (and rotates) the KV between the two, in the session's own namespace."""
+    stack = build("unified-rust")
+    service, _ = _service(stack)
+    session = _create(service, "s", OLD)
+    splice = SpliceDirective(span=TokenSpan(start=10, end=20), replacement=[7, 8])
+    forget = ForgetDirective(span=TokenSpan(start=50, end=60))
+    resp = _apply(service, session, [splice, forget], 1)
+    assert (resp.path, resp.fallback_reason) == (Path.reprefill, None)
+    assert resp.rotated_tokens == 30  # OLD[20:50], moved by -8
+    new = _tokens(service, session)
+    assert new == tuple([*OLD[:10], 7, 8, *OLD[20:50], *OLD[60:]])
+    private = service.store.get(DEFAULT_TENANT, session).handle.private_salt
+    assert private is not None
+    ops = TreeOps(stack.tree)
+    assert ops.match(list(new), private).length == len(new)  # the rest prefilled there
+    assert ops.match(list(new)).length == 10
+    assert ops.match(OLD).length == 50  # purged from the forget on

@@ -46,6 +46,8 @@ class Generated:
     """SGLang's top-20 next-token logprobs, token id -> logprob."""
     cached_tokens: int
     prompt_tokens: int
+    report: dict[str, Any] | None = None
+    """The turn's ``leyline`` report (``session_generate`` only)."""
 
 
 def create_session(server: httpx.Client, tokens: Sequence[int]) -> tuple[str, int]:
@@ -87,6 +89,37 @@ def generate(server: httpx.Client, tokens: Sequence[int]) -> Generated:
     meta = reply.json()["meta_info"]
     top = {int(tok): float(lp) for lp, tok, _text in meta["output_top_logprobs"][0]}
     return Generated(top, int(meta["cached_tokens"]), int(meta["prompt_tokens"]))
+
+
+def session_generate(server: httpx.Client, session: str, tokens: Sequence[int]) -> Generated:
+    """A completion turn on ``session`` with ``tokens`` as its prompt (one greedy token,
+    top-20 logprobs): the session's own distribution. After a splice or a compose the
+    session's KV is in a namespace only its own requests read, so a plain ``/generate`` of
+    the same tokens gets a fresh prefill instead. ``cached_tokens`` is the turn's
+    ``reused_tokens``.
+
+    The completions API keys its top logprobs by text, so each text is tokenized back to an
+    id. Texts holding U+FFFD are skipped: in SmolLM2's vocabulary 314 byte tokens print as
+    it and its text tokenizes to one other id (24211), so such an entry would pair one
+    token's logprob with another's (a random-weight model puts byte tokens in its top 20:
+    a spurious 8.3 nats in one CI run)."""
+    body = {
+        "prompt": list(tokens), "max_tokens": 1, "temperature": 0, "logprobs": TOP,
+        "leyline": {"session": session},
+    }  # fmt: skip
+    reply = server.post("/v1/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    out = reply.json()
+    top: dict[int, float] = {}
+    for text, logprob in out["choices"][0]["logprobs"]["top_logprobs"][0].items():
+        if "\ufffd" in text:
+            continue  # a byte token's text: ambiguous (docstring)
+        ids = server.post(Routes.tokenize, json={"text": text}).json()["tokens"]
+        if len(ids) == 1:  # texts that name one token unambiguously
+            top[int(ids[0])] = float(logprob)
+    assert len(top) >= 10, out["choices"][0]["logprobs"]
+    report = out["leyline"]
+    return Generated(top, int(report["reused_tokens"]), len(tokens), report)
 
 
 def generate_ids(

@@ -5,6 +5,7 @@ server runs in .venv-sglang. ``make sglang-live-check`` starts one server per mo
 for GQA, a tiny DeepSeek-V2 for MLA), runs these tests against each, and stops it. By hand::
 
     export LEYLINE_LIVE_ROTATION_OFF_FLAG=RUN_DIR/rotation-off   # server and tests alike
+    export LEYLINE_LIVE_SHARED_SPLICE_FLAG=RUN_DIR/shared-splice
     bash server_adapter/sglang/live_server.sh start RUN_DIR MODEL_DIR PORT
     LEYLINE_SGLANG_URL=http://127.0.0.1:PORT LEYLINE_SGLANG_MODEL=MODEL_DIR \\
         .venv/bin/python -m pytest tests/sglang_live

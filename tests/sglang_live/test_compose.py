@@ -30,6 +30,7 @@ from ._live import (
     prompt_text,
     record,
     reference_logprobs,
+    session_generate,
     session_tokens,
 )
 
@@ -50,30 +51,10 @@ def _register(server: httpx.Client, skill: str, tokens: list[int]) -> dict[str, 
 
 
 def _turn_top(server: httpx.Client, session: str, tokens: list[int]) -> tuple[dict, dict]:
-    """A completion turn on ``session`` with ``tokens`` as its prompt (one greedy token,
-    top-20 logprobs): SGLang's distribution, by token id, and the turn's ``leyline`` report.
-
-    The completions API keys its top logprobs by text, so each text is tokenized back to an
-    id. Texts holding U+FFFD are skipped: in SmolLM2's vocabulary 314 byte tokens print as
-    it and its text tokenizes to one other id (24211), so such an entry would pair one
-    token's logprob with another's (a random-weight model puts byte tokens in its top 20:
-    a spurious 8.3 nats in one CI run)."""
-    body = {
-        "prompt": tokens, "max_tokens": 1, "temperature": 0, "logprobs": 20,
-        "leyline": {"session": session},
-    }  # fmt: skip
-    reply = server.post("/v1/completions", json=body)
-    assert reply.status_code == 200, reply.text
-    out = reply.json()
-    top: dict[int, float] = {}
-    for text, logprob in out["choices"][0]["logprobs"]["top_logprobs"][0].items():
-        if "\ufffd" in text:
-            continue  # a byte token's text: ambiguous (docstring)
-        ids = server.post(Routes.tokenize, json={"text": text}).json()["tokens"]
-        if len(ids) == 1:  # texts that name one token unambiguously
-            top[int(ids[0])] = float(logprob)
-    assert len(top) >= 10, out["choices"][0]["logprobs"]
-    return top, out["leyline"]
+    """The session's distribution (by token id) and the turn's ``leyline`` report."""
+    got = session_generate(server, session, tokens)
+    assert got.report is not None
+    return got.top, got.report
 
 
 def test_compose_matches_the_reference_compose_and_stays_private(

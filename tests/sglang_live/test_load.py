@@ -39,7 +39,6 @@ import torch
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 from leyline.protocol.envelope import LeylineResponse
-from leyline.protocol.fallback import FallbackReason
 from leyline.protocol.resources import Routes
 
 from ._live import (
@@ -53,6 +52,7 @@ from ._live import (
     page_size,
     prompt_text,
     record,
+    session_generate,
     session_tokens,
 )
 
@@ -160,18 +160,19 @@ class _Client:
             edit = Edit(at, at + CUT, replacement)
             body, new, revision = self._edit(session, revision, tokens, edit)
             assert body.path.value in ("splice", "reprefill"), body
+            own = at >= tail  # in the session's own tail: no other client sends these tokens
             if at < tail:
                 tail += len(replacement) - CUT
             tokens = new
+            # The kept KV past the edit attended to the cut: only the session reads it, so
+            # a plain generate of its tokens, while everyone splices, finds at most the
+            # exact prefix before the edit. (Two clients make the same cut in the shared
+            # prefix: the first one's plain generate then caches an exact prefill of it.)
             got = generate(self.http, tokens)
-            if body.path.value == "splice" and body.fallback_reason in (
-                None,
-                FallbackReason.page_alignment,
-            ):
-                assert got.cached_tokens >= floor_page(len(tokens) - 1, self.page), (
-                    f"client {index} round {r}: the spliced sequence is not cached "
-                    f"({got.cached_tokens} of {len(tokens)})"
-                )
+            assert not own or got.cached_tokens <= at, (
+                f"client {index} round {r}: a plain request reused the session's spliced KV "
+                f"({got.cached_tokens} tokens cached, the edit at {at})"
+            )
             # A forget near the end, in the session's own tail: nobody else's KV is below it.
             at = len(tokens) - 2 * FORGET
             assert at >= tail + CUT, "the tail is too short for this many rounds"
@@ -181,10 +182,11 @@ class _Client:
             assert body.path.value == "reprefill", body
             got = generate(self.http, tokens)
             assert got.cached_tokens <= at, "KV past the forgotten span was reused"
-            self.log.final_top = got.top
             _, cached = generate_ids(self.http, old, 1)
             self.log.leaked += max(0, cached - floor_page(at, self.page))
             # (that generate cached ``old`` again: the next round's splice is unaffected)
+        # The session's own distribution (its KV is in its own namespace): a turn on it.
+        self.log.final_top = session_generate(self.http, session, tokens).top
         reply = self.http.delete(Routes.session.format(session=session))
         assert reply.status_code == 204, reply.text
         return self.log

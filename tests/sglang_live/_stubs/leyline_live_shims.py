@@ -12,6 +12,10 @@ calls :func:`register` in every process, the scheduler included. Two things:
    ``LEYLINE_LIVE_ROTATION_OFF_FLAG`` exists, the plugin copies downstream KV rows without
    rotating their rope band. The live test creates the file, checks that a splice then no
    longer matches the reference engine, and removes it.
+3. **A shared-splice switch**, the mutant of issue 45: while the file named by
+   ``LEYLINE_LIVE_SHARED_SPLICE_FLAG`` exists, splices are built in the session's shared
+   namespace (as before the fix), so strangers are served spliced KV; the isolation test
+   checks that its comparison then fails.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 from typing import Any
 
 FLAG_ENV = "LEYLINE_LIVE_ROTATION_OFF_FLAG"
+SHARED_SPLICE_ENV = "LEYLINE_LIVE_SHARED_SPLICE_FLAG"
 
 
 def _route_torch_native_to_mla() -> None:
@@ -44,8 +49,24 @@ def _install_rotation_switch(flag: str) -> None:
     kv_rows._rotated_rows = maybe_rotated
 
 
+def _install_shared_splice_switch(flag: str) -> None:
+    # The backend's one choice of where approximate KV is built (API server process). If it
+    # is renamed this raises at server start, and the mutant test then fails loudly.
+    from leyline.server_adapter.sglang import backend
+
+    private = backend.private_namespace
+
+    def maybe_shared(handle: Any) -> Any:
+        return handle.salt if os.path.exists(flag) else private(handle)
+
+    backend.private_namespace = maybe_shared
+
+
 def register() -> None:
     _route_torch_native_to_mla()
     flag = os.environ.get(FLAG_ENV)
     if flag:
         _install_rotation_switch(flag)
+    shared = os.environ.get(SHARED_SPLICE_ENV)
+    if shared:
+        _install_shared_splice_switch(shared)

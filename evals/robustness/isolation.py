@@ -1,0 +1,359 @@
+"""Isolation of KV that is not a prefill (``cross_session``) and of salted cache partitions
+(``cross_salt``), as a client of any Leyline backend can see them.
+
+* Cross-session (docs/protocol.md 3.1-3.2): KV that is not the exact prefill of its tokens,
+  such as the downstream KV a ``splice`` keeps (it attended to the removed span), is
+  reusable only by the session that made it: never by a plain request, another session or
+  a FORGET. A prompt of a few hundred tokens (a per-run nonce of random token ids first, so
+  no two scenarios share a cache prefix) holds a tool output a third of the way in.
+  Session P is created with it and SPLICEs the tool output to a short stub (its path must
+  be ``splice``), then asks a turn on the edited tokens (the splice arm). Then (b) a plain
+  request (no ``leyline`` object) and (a) a new session Q, created with the original tokens
+  and FORGETting the same span with the same stub in a completions turn, ask for the next
+  token after the edited tokens. Both must give the exact prefill's next-token top-20
+  log-probabilities: max |delta| <= 1e-3. The exact reference is plain ``transformers``
+  in fp32 on a HF model directory (``--model-dir``), or, without one, a fresh session's
+  prefill on the same server under a cache salt of its own (weaker: the server checks
+  itself). The plain request also must not reuse past the edit (start + stub): the only KV
+  of the edited tail that exists when it runs is P's.
+* Cross-salt: sessions created under cache salt X hold two prompts (unique per run: random
+  token ids first). A new session with the same tokens under salt Y, one with no salt, and
+  a plain request with none must reuse 0 tokens; a second session under X (the control)
+  must reuse, or the zeros would prove nothing.
+
+Log-probabilities come from ``/v1/completions`` (token ids as the prompt, ``max_tokens``
+1, ``temperature`` 0, ``logprobs`` 20): ``choices[0].logprobs.top_logprobs[0]`` maps token
+*text* to log-probability, so the reference's token ids are turned into the server's text
+with ``/leyline/v1/detokenize``; texts two top ids share are left out (ambiguous).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .fuzz import session_path
+from .wire import auth_headers
+
+TOP = 20
+"""Next-token log-probabilities compared (OpenAI's most)."""
+TOLERANCE = 1e-3
+"""Max |delta log-probability| over the exact top-20 for the plain request and the FORGET."""
+NONCE_IDS = 4
+NONCE_RANGE = (1000, 30000)
+"""Random token ids that start every prompt: below every vocabulary the evals serve."""
+STUB = " [tool output elided]"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    top: dict[str, float]
+    """Next-token log-probabilities by token text (the response's top_logprobs[0])."""
+    leyline: dict[str, Any] | None
+    reused: int | None
+    """Prompt tokens served from cache: ``leyline.reused_tokens``, else
+    ``usage.prompt_tokens_details.cached_tokens``; None when the server says neither."""
+
+
+class Server:
+    """One client's requests to the server under test (token ids in, answers out)."""
+
+    def __init__(self, base_url: str, key: str | None) -> None:
+        self.http = httpx.Client(base_url=base_url, headers=auth_headers(key), timeout=300)
+        self._texts: dict[int, str] = {}
+        self.sessions: list[str] = []
+
+    def tokens(self, text: str) -> list[int]:
+        reply = self.http.post("/leyline/v1/tokenize", json={"text": text})
+        reply.raise_for_status()
+        return list(reply.json()["tokens"])
+
+    def text_of(self, token: int) -> str:
+        """The server's text of one token id (what its top_logprobs are keyed by)."""
+        if token not in self._texts:
+            reply = self.http.post("/leyline/v1/detokenize", json={"tokens": [token]})
+            reply.raise_for_status()
+            self._texts[token] = str(reply.json()["text"])
+        return self._texts[token]
+
+    def complete(
+        self,
+        prompt: Sequence[int],
+        leyline: dict[str, Any] | None = None,
+        cache_salt: str | None = None,
+    ) -> Answer:
+        body: dict[str, Any] = {
+            "prompt": list(prompt),
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": TOP,
+        }
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        if leyline is not None:
+            body["leyline"] = leyline
+            self.sessions.append(leyline["session"])
+        reply = self.http.post("/v1/completions", json=body)
+        if reply.status_code != 200:
+            raise RuntimeError(f"completion answered {reply.status_code}: {reply.text[:300]}")
+        return parse_answer(reply.json())
+
+    def create(self, session: str, tokens: Sequence[int]) -> int:
+        self.sessions.append(session)
+        body = {"session": session, "tokens": list(tokens)}
+        reply = self.http.post("/leyline/v1/sessions", json=body)
+        if reply.status_code != 201:
+            raise RuntimeError(f"session create answered {reply.status_code}: {reply.text[:300]}")
+        return int(reply.json()["revision"])
+
+    def apply(self, session: str, revision: int, directives: list[dict[str, Any]]) -> Any:
+        body = {"base_revision": revision, "directives": directives}
+        reply = self.http.post(session_path(session) + "/directives", json=body)
+        if reply.status_code != 200:
+            raise RuntimeError(f"directives answered {reply.status_code}: {reply.text[:300]}")
+        return reply.json()
+
+    def close(self) -> None:
+        for session in dict.fromkeys(self.sessions):
+            self.http.delete(session_path(session))
+        self.http.close()
+
+
+def parse_answer(body: Mapping[str, Any]) -> Answer:
+    logprobs = body["choices"][0].get("logprobs") or {}
+    tops = logprobs.get("top_logprobs") or [{}]
+    top = {str(k): float(v) for k, v in (tops[0] or {}).items()}
+    leyline = body.get("leyline")
+    reused = None
+    if isinstance(leyline, dict) and leyline.get("reused_tokens") is not None:
+        reused = int(leyline["reused_tokens"])
+    else:
+        details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            reused = int(details["cached_tokens"])
+    return Answer(top, leyline if isinstance(leyline, dict) else None, reused)
+
+
+# -- the comparison --------------------------------------------------------------------
+
+
+def keyed(top: Sequence[tuple[int, float]], text_of: Callable[[int], str]) -> dict[str, float]:
+    """The reference's top ids as the server's texts; a text two ids share is left out."""
+    texts = [(text_of(token), logprob) for token, logprob in top]
+    shared = Counter(text for text, _ in texts)
+    return {text: logprob for text, logprob in texts if shared[text] == 1}
+
+
+def compare(exact: Mapping[str, float], got: Mapping[str, float]) -> dict[str, Any]:
+    """Max |delta log-probability| over the exact top-k, by token text.
+
+    A token of the exact top-k missing from ``got`` had at most ``got``'s smallest value
+    there (it was not in the server's top-k), so ``exact - min(got)`` bounds its delta from
+    below (near 0 only for a tie at the cut); a token ``got`` has and the exact top-k lacks
+    is bounded the same way from the other side. No ``got`` at all is an infinite delta.
+    """
+    if not exact:
+        return {"max_abs_delta": None, "compared": 0, "missing": 0}
+    if not got:
+        return {"max_abs_delta": math.inf, "compared": 0, "missing": len(exact)}
+    floor_got, floor_exact = min(got.values()), min(exact.values())
+    deltas, missing = [], 0
+    for text, logprob in exact.items():
+        if text in got:
+            deltas.append(abs(logprob - got[text]))
+        else:
+            missing += 1
+            deltas.append(max(0.0, logprob - floor_got))
+    for text, logprob in got.items():
+        if text not in exact:
+            deltas.append(max(0.0, logprob - floor_exact))
+    return {"max_abs_delta": max(deltas), "compared": len(exact) - missing, "missing": missing}
+
+
+# -- references --------------------------------------------------------------------------
+
+
+class ExactReference:
+    """Next-token log-probabilities of a plain ``transformers`` forward in fp32: no Leyline
+    engine code, no cache, the whole prompt in one pass."""
+
+    name = "transformers fp32 (--model-dir)"
+
+    def __init__(self, model_dir: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.model = model.to(torch.float32)  # whatever the checkpoint's dtype
+        self.model.eval()
+
+    def top(self, tokens: Sequence[int], k: int = TOP) -> list[tuple[int, float]]:
+        torch = self.torch
+        with torch.no_grad():
+            logits = self.model(torch.tensor([list(tokens)])).logits[0, -1]
+        logprobs = torch.log_softmax(logits.double(), dim=-1)
+        values, ids = torch.topk(logprobs, k)
+        return [(int(i), float(v)) for i, v in zip(ids, values, strict=True)]
+
+
+# -- cross-session -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    tokens: list[int]
+    start: int
+    end: int
+    """The tool output: tokens ``[start, end)``."""
+    stub: list[int]
+
+    @property
+    def edited(self) -> list[int]:
+        return self.tokens[: self.start] + self.stub + self.tokens[self.end :]
+
+
+def nonce(rng: random.Random) -> list[int]:
+    return [rng.randrange(*NONCE_RANGE) for _ in range(NONCE_IDS)]
+
+
+def build_prompt(server: Server, head: list[int], size: int, tag: str) -> Prompt:
+    """About ``size`` tokens: an agent's notes, a tool output a third of the way in, more
+    notes and a question (``head``, the nonce, first)."""
+    before: list[int] = []
+    tool: list[int] = []
+    after: list[int] = []
+    step = 0
+    while len(head) + len(before) < size // 3:
+        before += server.tokens(
+            f" Step {step}: the agent planned trip {tag} and called the flight search tool."
+        )
+        step += 1
+    rows = 0
+    while len(tool) < max(8, size // 4):
+        tool += server.tokens(
+            f' {{"id": {rows}, "from": "OSL", "to": "LIS", "price": {173 + 37 * rows}}},'
+        )
+        rows += 1
+    tool = server.tokens(" <tool_output>[") + tool + server.tokens("]</tool_output>")
+    question = server.tokens(" Question: which flight is the cheapest? Answer: flight")
+    while len(head) + len(before) + len(tool) + len(after) + len(question) < size:
+        after += server.tokens(f" Note {len(after)}: the user prefers morning departures.")
+    start = len(head) + len(before)
+    tokens = head + before + tool + after + question
+    return Prompt(tokens, start, start + len(tool), server.tokens(STUB))
+
+
+def cross_session(
+    server: Server,
+    scenario: int,
+    prefix: str,
+    size: int,
+    reference: ExactReference | None,
+    cache_salt: bool,
+    rng: random.Random,
+) -> dict[str, Any]:
+    """One scenario: P splices; a plain request and a FORGET in Q must give the exact prefill."""
+    tag = f"{prefix}-xs{scenario}"
+    prompt = build_prompt(server, nonce(rng), size, tag)
+    span = {"start": prompt.start, "end": prompt.end}
+    edited = prompt.edited
+    p, q, r = f"{tag}-P", f"{tag}-Q", f"{tag}-R"
+    revision = server.create(p, prompt.tokens)
+    splice = {"verb": "splice", "span": span, "replacement": prompt.stub}
+    spliced = server.apply(p, revision, [splice])
+    splice_arm = server.complete(edited, {"session": p})
+    plain = server.complete(edited)
+    revision = server.create(q, prompt.tokens)
+    forget = {"verb": "forget", "span": span, "replacement": prompt.stub}
+    forgot = server.complete(
+        edited, {"session": q, "base_revision": revision, "directives": [forget]}
+    )
+    if reference is not None:
+        exact = keyed(reference.top(edited), server.text_of)
+        how = reference.name
+    else:
+        salt = f"{tag}-reference" if cache_salt else None
+        exact = server.complete(edited, {"session": r}, cache_salt=salt).top
+        how = "server prefill, fresh session" + (" and cache_salt" if cache_salt else "")
+    bound = prompt.start + len(prompt.stub)
+    row: dict[str, Any] = {
+        "scenario": scenario,
+        "tokens": len(prompt.tokens),
+        "edited_tokens": len(edited),
+        "span": [prompt.start, prompt.end],
+        "stub_tokens": len(prompt.stub),
+        "reference": how,
+        "exact_top": len(exact),
+        "splice": {
+            "path": spliced.get("path"),
+            "reused": splice_arm.reused,
+            **compare(exact, splice_arm.top),
+        },
+        "plain": {
+            "reused": plain.reused,
+            "reused_past_edit": None if plain.reused is None else max(0, plain.reused - bound),
+            **compare(exact, plain.top),
+        },
+        "forget": {
+            "path": (forgot.leyline or {}).get("path"),
+            "reused": forgot.reused,
+            **compare(exact, forgot.top),
+        },
+    }
+    row["leaks"] = leaks(row)
+    return row
+
+
+def leaks(row: Mapping[str, Any]) -> list[str]:
+    """What a scenario shows crossing sessions: empty when it passes."""
+    out = []
+    for arm in ("plain", "forget"):
+        delta = row[arm]["max_abs_delta"]
+        if delta is None or not delta <= TOLERANCE:
+            out.append(f"{arm}: max |delta logprob| {delta}")
+    if row["plain"].get("reused_past_edit"):
+        out.append(f"plain: reused {row['plain']['reused_past_edit']} tokens past the edit")
+    return out
+
+
+# -- cross-salt --------------------------------------------------------------------------
+
+
+def cross_salt(server: Server, trial: int, prefix: str, rng: random.Random) -> list[dict[str, Any]]:
+    """Salt X caches two prompts; salt Y, no salt and a plain request send them back."""
+    tag = f"{prefix}-cs{trial}"
+    body = server.tokens(f" Case {tag}: the escalation notes say refund order 5501 today. " * 3)
+    first, second = nonce(rng) + body, nonce(rng) + body
+    x, y = f"{tag}-X", f"{tag}-Y"
+    rows: list[tuple[str, str | None, int | None]] = []
+    for name, tokens in (("x1", first), ("x2", second)):
+        got = server.complete(tokens, {"session": f"{tag}-{name}"}, cache_salt=x)
+        rows.append((f"salt X caches prompt {name[-1]}", x, got.reused))
+    control = server.complete(first, {"session": f"{tag}-x3"}, cache_salt=x)
+    rows.append(("control: salt X again", x, control.reused))
+    probes = (
+        ("session, salt Y", f"{tag}-y", y, first),
+        ("session, no salt", f"{tag}-n", None, first),  # after Y: Y's copy is salted too
+        ("plain request, no salt", None, None, second),  # its own prompt: nothing public yet
+    )
+    for how, session, salt, tokens in probes:
+        leyline = {"session": session} if session else None
+        rows.append((how, salt, server.complete(tokens, leyline, cache_salt=salt).reused))
+    return [
+        {
+            "trial": trial,
+            "how": how,
+            "salt": salt,
+            "reused": reused,
+            "probe": not (how.startswith("control") or how.startswith("salt X caches")),
+        }
+        for how, salt, reused in rows
+    ]
