@@ -7,6 +7,11 @@
   and creates none (an id that did not exist still answers 404); a rejected request to the
   skills resource leaves the tenant's skills as they were;
 * the keep-alive connection survives (same socket), and a stream ends with ``[DONE]``.
+
+On a server that hosts Leyline beside routes of its own (SGLang: its unknown-path 404 is
+not the protocol's body, ``owns_every_route``), the body and 5xx rules apply to Leyline's
+requests (under ``/leyline/v1``, or carrying a ``leyline`` object); the host's own answers
+are counted (``host_answers``), and the state and connection rules still hold for them.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ class Tally:
     by_route: dict[str, Counter[int]] = field(default_factory=dict)
     labels: Counter[str] = field(default_factory=Counter)
     violations: list[Violation] = field(default_factory=list)
+    host_answers: int = 0
+    """Failures the host server answered itself (not Leyline's requests): not checked."""
 
     def count(self, kind: str) -> int:
         return sum(v.kind == kind for v in self.violations)
@@ -66,8 +73,10 @@ class Checker:
     """Sends fuzzed calls over one connection and checks each; ``views`` is the expected
     state of every pool session (None: absent)."""
 
-    def __init__(self, wire: Wire) -> None:
+    def __init__(self, wire: Wire, *, every_route: bool = True) -> None:
         self.wire = wire
+        self.every_route = every_route
+        """False: the server hosts Leyline beside its own routes (module docstring)."""
         self.tally = Tally()
         self.views: dict[str, View | None] = {}
         self._connection: int | None = None
@@ -211,6 +220,9 @@ class Checker:
             if not got.location:
                 self._violate("error body", call, got.status, "redirect, no Location")
             return "redirect"
+        if not self.every_route and not is_leyline_request(call):
+            self.tally.host_answers += 1
+            return "host"
         code, problem = _error_problem(got)
         self.tally.codes[code] += 1
         if got.status >= 500 and code != ErrorCode.unsupported_verb:
@@ -222,6 +234,27 @@ class Checker:
     def _violate(self, kind: str, call: Call | None, status: int, detail: str) -> None:
         where = f"{call.route} [{call.label}]" if call else ""
         self.tally.violations.append(Violation(kind, _show(call), status, detail, where))
+
+
+def is_leyline_request(call: Call) -> bool:
+    """A request Leyline answers on any host: its routes, or a body with a ``leyline``."""
+    if call.path.startswith("/leyline/v1"):
+        return True
+    try:
+        body = json.loads(call.body or b"")
+    except ValueError:
+        return False
+    return isinstance(body, dict) and "leyline" in body
+
+
+def owns_every_route(base_url: str) -> bool:
+    """Whether the server answers an unknown path with the protocol's 404 (``leyline
+    serve``), rather than a host's own (SGLang with the plugin)."""
+    import httpx
+
+    reply = httpx.get(f"{base_url}/leyline-robustness-no-such-path", timeout=30)
+    answer = Outcome(404, reply.content, reply.headers.get("content-type", ""), 0.0, None)
+    return reply.status_code == 404 and not _error_problem(answer)[1]
 
 
 def _error_problem(got: Outcome) -> tuple[str, str]:
@@ -294,6 +327,7 @@ def summarize(tally: Tally, seconds: float, keep: int = 40) -> dict[str, Any]:
             r: {str(k): n for k, n in sorted(c.items())} for r, c in tally.by_route.items()
         },
         "labels": dict(tally.labels.most_common()),
+        "host_answers": tally.host_answers,
         "violations": {kind: tally.count(kind) for kind in KINDS},
         "examples": [
             {

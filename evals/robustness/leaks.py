@@ -57,7 +57,7 @@ class Client:
             self.sessions.append(session)
         reply = self.http.post("/v1/completions", json=body)
         reply.raise_for_status()
-        return reply.json()["leyline"]
+        return _report(reply.json())
 
     def chat(self, messages: list[dict[str, str]], session: str | None = None) -> Any:
         body: dict[str, Any] = {"messages": messages, "max_tokens": 1, "temperature": 0}
@@ -83,6 +83,23 @@ class Client:
         for session in set(self.sessions):
             self.delete(session)
         self.http.close()
+
+
+def _report(answer: dict[str, Any]) -> dict[str, Any]:
+    """The answer's ``leyline`` report; for a plain request that the server's own handler
+    answered (SGLang's, with no ``leyline`` object), its cached prompt tokens as
+    ``reused_tokens``. A server that reports neither cannot be checked: an error, never a
+    silent 0."""
+    report = answer.get("leyline")
+    if report is not None:
+        return dict(report)
+    details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
+    if "cached_tokens" not in details:
+        raise RuntimeError(
+            "a plain completion reported no cached tokens (SGLang: start it with "
+            "--enable-cache-report): reuse cannot be measured"
+        )
+    return {"reused_tokens": int(details["cached_tokens"] or 0)}
 
 
 def _texts(nonce: str) -> tuple[str, str, str]:

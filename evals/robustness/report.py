@@ -131,6 +131,11 @@ def _fuzz(report: Report, fuzz: dict[str, Any]) -> None:
         f"{fuzz['requests']} requests in {fuzz['seconds']:.0f} s ({fuzz['requests_per_s']:.1f}/s), "
         f"plus {fuzz['setup_requests']} state reads and resets."
     )
+    if fuzz.get("host_answers"):
+        head += (
+            f" {fuzz['host_answers']} failures were answered by the host server's own routes"
+            " (not Leyline's requests): their bodies are not checked."
+        )
     statuses = markdown_table(["status", "requests"], list(fuzz["statuses"].items()))
     codes = markdown_table(["error code", "requests"], list(fuzz["codes"].items()))
     report.section("Fuzz: statuses", f"{head}\n\n{statuses}\n\n{codes}")
@@ -285,6 +290,11 @@ def text(data: dict[str, Any]) -> str:
             f"fuzz: {fuzz['requests']} requests in {fuzz['seconds']:.0f} s; statuses "
             + ", ".join(f"{k}: {n}" for k, n in fuzz["statuses"].items())
         )
+        if fuzz.get("host_answers"):
+            lines.append(
+                f"  ({fuzz['host_answers']} failures answered by the host server's own "
+                "routes: their bodies are not checked)"
+            )
     for t in data["targets"]:
         verdict = _verdict(t["met"], "ok", "NOT MET")
         lines.append(f"  {t['check']:<44} {t['value']!s:>14}  target {t['target']:<12} {verdict}")

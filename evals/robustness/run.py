@@ -18,7 +18,7 @@ import httpx
 
 from leyline.evals.common import Report, progress, results_dir
 
-from .checks import Checker, summarize
+from .checks import Checker, owns_every_route, summarize
 from .cli import CHECKS
 from .fuzz import Fuzzer, Limits
 from .health import health_under_render
@@ -77,6 +77,8 @@ class Target:
     description: str
     log: Path | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    every_route: bool = True
+    """False: Leyline is hosted beside the server's own routes (SGLang; ``checks``)."""
 
 
 def run_robustness(options: Options, out: TextIO | None = None) -> dict[str, Any]:
@@ -135,10 +137,17 @@ def _target(options: Options, folder: Path, out: TextIO) -> Iterator[Target]:
             limits.get("max_session_tokens") or EXTERNAL_SESSION_TOKENS,
         )
         keys = 1 + (options.api_key_b is not None)
-        config = {"base_url": base, "api_keys": keys, "fuzz_limits": asdict(fuzz_limits)}
+        every_route = owns_every_route(base)
+        config = {
+            "base_url": base,
+            "api_keys": keys,
+            "fuzz_limits": asdict(fuzz_limits),
+            "owns_every_route": every_route,
+        }
         yield Target(
             base, options.api_key, options.api_key_b, caps, fuzz_limits,
             f"the live server at {base} ({', '.join(caps.get('models') or ['?'])})", None, config,
+            every_route,
         )  # fmt: skip
         return
     server_limits = ServerLimits()
@@ -186,14 +195,18 @@ def _phases(target: Target, options: Options, out: TextIO) -> dict[str, Any]:
         why["cross_tenant"] = "capabilities.tenants is false (every client is one tenant)"
     if not caps.get("cache_salt"):
         why["cross_salt"] = "capabilities.cache_salt is false"
-    if (status := _health_status(target.base_url)) != 200:
+    if not target.every_route:
+        why["health"] = "/health is the host server's own route, not Leyline's"
+    elif (status := _health_status(target.base_url)) != 200:
         why["health"] = f"GET /health answered {status or 'nothing'}"
     for check in CHECKS:
         if options.checks and check not in options.checks:
             why[check] = "not asked for (--checks)"
     phases: dict[str, Any] = {c: {"n/a": reason} for c, reason in why.items() if reason}
     if why["fuzz"] is None:
-        phases["fuzz"] = _fuzz(target.base_url, target.key, target.limits, options)
+        phases["fuzz"] = _fuzz(
+            target.base_url, target.key, target.limits, options, target.every_route
+        )
     if why["lost_updates"] is None:
         with _bar(options.clients * options.turns, "lost-update writes", options.progress) as tick:
             phases["lost_updates"] = lost_updates(
@@ -218,9 +231,11 @@ def _phases(target: Target, options: Options, out: TextIO) -> dict[str, Any]:
     return {c: phases[c] for c in CHECKS}
 
 
-def _fuzz(base_url: str, key: str | None, limits: Limits, options: Options) -> dict[str, Any]:
+def _fuzz(
+    base_url: str, key: str | None, limits: Limits, options: Options, every_route: bool
+) -> dict[str, Any]:
     wire = Wire(base_url, key)
-    checker = Checker(wire)
+    checker = Checker(wire, every_route=every_route)
     fuzzer = Fuzzer(RandomSource(options.seed), limits)
     t0 = time.perf_counter()
     for _ in progress(range(options.requests), desc="fuzz requests", enabled=options.progress):

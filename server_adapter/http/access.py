@@ -44,16 +44,9 @@ class Access:
 
         try:
             if self.tenants and scope["path"] not in OPEN_PATHS:
-                headers = dict(scope.get("headers") or [])
-                given = headers.get(b"authorization", b"").decode("latin-1")
-                tenant = tenant_of_key(self.tenants, given.removeprefix("Bearer ").strip())
+                tenant = bearer_tenant(scope, self.tenants)
                 if tenant is None:
-                    error = LeylineError(
-                        ErrorCode.unauthorized,
-                        "missing or wrong API key (Authorization: Bearer ...)",
-                        "authorization",
-                    )
-                    await error_response(error)(scope, receive, counted)
+                    await error_response(unauthorized())(scope, receive, counted)
                     return
                 # Sessions and shared-cache partitions are the tenant's (core.routes.tenant_of).
                 scope.setdefault("state", {})["tenant"] = tenant
@@ -61,6 +54,21 @@ class Access:
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             self.metrics.requests.labels(route, str(status)).inc()
+
+
+def bearer_tenant(scope: Scope, tenants: dict[str, str]) -> str | None:
+    """The tenant whose key the request's ``Authorization: Bearer`` header carries."""
+    headers = dict(scope.get("headers") or [])
+    given = headers.get(b"authorization", b"").decode("latin-1")
+    return tenant_of_key(tenants, given.removeprefix("Bearer ").strip())
+
+
+def unauthorized() -> LeylineError:
+    return LeylineError(
+        ErrorCode.unauthorized,
+        "missing or wrong API key (Authorization: Bearer ...)",
+        "authorization",
+    )
 
 
 def tenant_of_key(tenants: dict[str, str], given: str) -> str | None:

@@ -19,6 +19,7 @@ Imports neither torch nor SGLang: the link is the only part that talks to SGLang
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import uuid
 from collections.abc import Coroutine, Sequence
@@ -35,7 +36,8 @@ from leyline.protocol import (
     Path,
     Verb,
 )
-from leyline.protocol.algebra import Edit
+from leyline.protocol.algebra import Edit, PositionMap
+from leyline.protocol.directives import Mode
 from leyline.protocol.resolve import SkillTokens
 from leyline.protocol.resources import Message, SkillInfo
 from leyline.protocol.spans import MessageSpan
@@ -46,6 +48,7 @@ from ..core.report import OpReport
 from ..core.retention import MARKING_VERBS
 from ..core.sessions import DEFAULT_TENANT
 from ..errors import SpliceUnsupportedError
+from ..lineage import Lineages
 from .skill_store import HeldSkill, SkillHolds
 
 if TYPE_CHECKING:
@@ -85,11 +88,13 @@ class BlockSource:
     start: int
     end: int
     source: tuple[int, ...]
-    """The skill's tokens as the tree holds them (public namespace): anchor, then block."""
+    """The skill's tokens as the tree holds them (in ``salt``): anchor, then block."""
     offset: int
     """Where the block starts in ``source`` (the anchor's length)."""
     seam: int
     """Leading block tokens prefilled in context (``min(K, n)``)."""
+    salt: str | None = None
+    """The namespace the skill's tokens are cached in (its tenant's; None: public)."""
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -116,10 +121,14 @@ class SchedulerLink(Protocol):
         ...
 
     async def hold(
-        self, key: str, tokens: Sequence[int], evictable: Sequence[str] = ()
+        self,
+        key: str,
+        tokens: Sequence[int],
+        evictable: Sequence[str] = (),
+        salt: str | None = None,
     ) -> tuple[int, tuple[str, ...]]:
-        """Lock what the tree holds of ``tokens`` under ``key`` (replacing that key's lock),
-        releasing keys of ``evictable`` (in order) if that is what makes room; returns how
+        """Lock what the tree holds of ``tokens`` (in ``salt``) under ``key`` (replacing that
+        key's lock), releasing keys of ``evictable`` (in order) if that makes room; returns how
         many tokens are held and the keys released. Raises ``LeylineError(limit_exceeded)``,
         changing nothing, when even releasing all of them leaves no room."""
         ...
@@ -141,9 +150,10 @@ class SglangSession:
     """The session's own namespace once it holds KV that is not a prefill of its tokens
     (after a splice that kept downstream KV, or a compose): nobody else may match it."""
 
-    shared_tokens: tuple[int, ...] = ()
-    """What the session held in its shared namespace when it went private (that namespace
-    still caches them, for every request of its salt)."""
+    lineages: dict[str | None, Lineages] = field(default_factory=dict)
+    """Per namespace, the sequences the session had cached there (the tree keeps an earlier
+    revision's path past each edit, and a prompt that diverged), each with where its tokens
+    are now: a FORGET purges every one of them from where the forgotten tokens sit."""
     abandoned: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     """Private namespaces the session left (a fallback's partial build), with the tokens
     cached there: purged on close."""
@@ -152,6 +162,21 @@ class SglangSession:
     def salt(self) -> str | None:
         """Where the session's KV is now."""
         return self.private_salt or self.shared_salt
+
+    def cached(self, tokens: Sequence[int]) -> None:
+        """``tokens`` are now cached where the session's KV is."""
+        if tokens:
+            self.lineages.setdefault(self.salt, Lineages()).published(tokens)
+
+    def moved(self, position_map: PositionMap) -> None:
+        """An edit ran: every lineage's positions follow it."""
+        for lineages in self.lineages.values():
+            lineages.moved(position_map)
+
+    def realigned(self, old: Sequence[int], new: Sequence[int]) -> None:
+        """A prompt replaced the sequence (it diverged): positions follow a diff."""
+        for lineages in self.lineages.values():
+            lineages.realigned(old, new)
 
 
 class SglangBackend:
@@ -165,6 +190,7 @@ class SglangBackend:
         limits: Limits,
         vocab_size: int,
         model_name: str = "",
+        tenant_secret: bytes | None = None,
     ) -> None:
         self.link = link
         self.tokenizer = tokenizer
@@ -172,7 +198,8 @@ class SglangBackend:
         self._vocab_size = vocab_size
         self.model_name = model_name
         self._renderer: ChatRenderer | None = None
-        self.skills = SkillHolds(link, model_name or "sglang")
+        self._tenant_secret = tenant_secret
+        self.skills = SkillHolds(link, model_name or "sglang", self.namespace_of)
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -190,9 +217,9 @@ class SglangBackend:
             architectures=list(LAYOUTS),
             models=[self.model_name] if self.model_name else [],
             limits=self._limits,
-            # SGLang maps no API key to a tenant (the plugin adds no access layer); its
-            # radix tree is partitioned by SGLang's own ``cache_salt`` (``open``).
-            tenants=False,
+            # Tenants only with API keys (``tenant_keys``); the tree is partitioned by
+            # SGLang's own ``cache_salt`` either way (``namespace_of``).
+            tenants=self._tenant_secret is not None,
             cache_salt=True,
             # The block's keys are the tree's prefill after its anchor, rotated like any
             # kept run; selective recompute is not built here (``none`` only).
@@ -285,13 +312,23 @@ class SglangBackend:
 
     # -- handles ------------------------------------------------------------------------
 
+    def namespace_of(self, tenant: str, cache_salt: str | None = None) -> str | None:
+        """The tree namespace a tenant's exact KV shares (of its ``cache_salt``, if any).
+
+        Without tenants: SGLang's own ``cache_salt`` as given, so a session shares KV with
+        exactly the requests (``/generate`` included) that carry the same salt; none, the
+        public namespace. With tenants: a name derived from the tenant and the salt with
+        this process's secret, so no other tenant and no plain request can name it.
+        """
+        if self._tenant_secret is None:
+            return cache_salt
+        name = f"{tenant}\x00{cache_salt or ''}".encode()
+        return "leyline-tenant-" + hmac.new(self._tenant_secret, name, "sha256").hexdigest()[:32]
+
     def open(self, salt: str) -> SglangSession:
-        # ``salt`` is the core's partition: the tenant (always the default one here), then
-        # the session's cache_salt. SGLang's tree is partitioned by its own cache_salt, so
-        # a session with one shares KV with exactly the requests (``/generate`` included)
-        # that carry the same cache_salt.
-        _, sep, cache_salt = salt.partition("\x00")
-        return SglangSession(shared_salt=cache_salt if sep else None)
+        # ``salt`` is the core's partition: the tenant, then the session's cache_salt.
+        tenant, sep, cache_salt = salt.partition("\x00")
+        return SglangSession(shared_salt=self.namespace_of(tenant, cache_salt if sep else None))
 
     def view(self, handle: SglangSession) -> SessionView:
         return handle.view
@@ -330,8 +367,11 @@ class SglangBackend:
         self, handle: SglangSession, tokens: Sequence[int], spans: Sequence[MessageSpan]
     ) -> OpReport:
         old, new = handle.view, tuple(int(t) for t in tokens)
+        if new[: len(old.tokens)] != old.tokens:
+            handle.realigned(old.tokens, new)
         if new:
             await self.link.prefill(new, handle.salt)
+            handle.cached(new)
         shared = common_prefix(old.tokens, new)
         revision = old.revision if new == old.tokens else old.revision + 1
         handle.view = SessionView(new, revision, tuple(spans))
@@ -382,6 +422,8 @@ class SglangBackend:
             # Nothing kept past the edit (a cut of the tail, say): every token from the first
             # change on is computed in context, so the build is exact and stays shared.
             report = await self._splice(plan, allow_fallback, (), handle.salt, handle.salt)
+        handle.moved(result.position_map)
+        handle.cached(plan.tokens)  # built, or prefilled by the next generate: as good as
         handle.view = SessionView(plan.tokens, base.revision + 1, plan.spans)
         return report
 
@@ -398,8 +440,6 @@ class SglangBackend:
         salt = private_namespace(handle)
         report = await self._splice(plan, allow_fallback, blocks, handle.salt, salt)
         if report.path is Path.splice:
-            if handle.private_salt is None:
-                handle.shared_tokens = handle.view.tokens
             handle.private_salt = salt
         elif handle.private_salt is not None:
             # A fallback may leave part of a build in the session's namespace; the generate
@@ -411,26 +451,24 @@ class SglangBackend:
         return report
 
     async def _forget(self, handle: SglangSession, plan: EditPlan) -> SchedulerAnswer:
-        """Purge what was derived from the forgotten span where the session's KV is and,
-        once it went private, in its shared namespace: the same tokens as anyone there
-        cached them, and the revision it left there."""
+        """Purge what was derived from the forgotten tokens: past the edit where the
+        session's KV is; once it went private, in its shared namespace too (anyone there,
+        a plain request say, may have prefilled the same tokens); and in every earlier
+        lineage, from where the forgotten tokens sit in it (protocol 3.2)."""
         base = handle.view
         out = checked(await self.link.send("forget", base.tokens, plan.edits, old_salt=handle.salt))
         if handle.private_salt is not None:
-            # Anyone of the shared namespace may have prefilled these same tokens (a plain
-            # request for them): that KV holds the span too.
             checked(
                 await self.link.send("forget", base.tokens, plan.edits, old_salt=handle.shared_salt)
             )
-            # Positions there are the tokens' before the session went private: from where
-            # the revisions part (or from the forget, if earlier), which covers wherever
-            # the forgotten tokens sat.
-            shared = handle.shared_tokens
-            start = plan.forget_from
-            assert start is not None
-            cut = min(start, common_prefix(shared, base.tokens))
-            edit = Edit(cut, cut, ())
-            checked(await self.link.send("forget", shared, [edit], old_salt=handle.shared_salt))
+        spans = [(e.start, e.end) for e in plan.edits if e.mode is Mode.forget]
+        for salt, lineages in handle.lineages.items():
+            for tokens, first in lineages.forgotten(spans):
+                edit = Edit(first, first, ())
+                # A private lineage's tokens may have been prefilled by anyone in the shared
+                # namespace (a plain request for them): that copy holds the span too.
+                for where in dict.fromkeys((salt, handle.shared_salt)):
+                    checked(await self.link.send("forget", tokens, [edit], old_salt=where))
         return out
 
     async def _splice(
@@ -526,6 +564,7 @@ def _blocks(plan: EditPlan, skills: Sequence[HeldSkill]) -> list[BlockSource]:
             source=skill.source,
             offset=len(skill.anchor),
             seam=min(compose.seam_tokens, len(skill.tokens)),
+            salt=skill.salt,
         )
         for compose, where, skill in zip(plan.composes, plan.composed(), skills, strict=True)
     ]

@@ -155,7 +155,7 @@ class SpliceExecutor:
                 )
         old_match = self.tree.match(old_tokens, old_salt)
         new_match = self.tree.match(new, new_salt)
-        sources = [self.tree.match(b.source) for b in blocks]  # skills: public namespace
+        sources = [self.tree.match(b.source, b.salt) for b in blocks]  # skills' namespaces
         matches = [old_match, new_match, *sources]
         locks = [self.tree.lock(m.node) for m in matches]
         try:

@@ -9,10 +9,11 @@
 # Builds or reuses .venv-sglang (setup_env.sh), then for SmolLM2 (GQA) and a tiny random
 # DeepSeek-V2 (MLA), one at a time (a server peaks at ~3.4 GB): start a server with the
 # plugin loaded (live_server.sh), run tests/sglang_live from the main .venv against it (the
-# reference engine on the same weights), stop it. With LEYLINE_SGLANG_LIVE_EXTRA=1, two
-# more servers on the tiny MLA model: `--page-size 4` (the load, FORGET-purge and runtime
-# tests) and `--disable-radix-cache` (the runtime test: a typed unsupported_runtime
-# fallback). Every run always runs; exit 1 if any failed. Every server is stopped on exit,
+# reference engine on the same weights), stop it; then one more tiny-MLA server with API
+# keys (LEYLINE_API_KEYS_FILE: two tenants) for the tenant test. With
+# LEYLINE_SGLANG_LIVE_EXTRA=1, two more servers on the tiny MLA model: `--page-size 4` (the
+# load, FORGET-purge and runtime tests) and `--disable-radix-cache` (the runtime test: a
+# typed unsupported_runtime fallback). Every run always runs; exit 1 if any failed. Every server is stopped on exit,
 # also on failure or interrupt. Run files (server logs, the figures) stay in a temp dir
 # when something failed.
 #
@@ -91,8 +92,10 @@ for line in open(sys.argv[1]):
 EOF
 }
 
-# run_server NAME MODEL "LAUNCH FLAGS" TEST_PATH...: one server, the tests against it.
+# run_server NAME MODEL "LAUNCH FLAGS" TEST_PATH...: one server, the tests against it, then
+# `leyline eval robustness --base-url` with the arguments in the array `robustness`, if any.
 failed=()
+robustness=()
 run_server() {
   local name=$1 model=$2 flags=$3 port started=$SECONDS
   shift 3
@@ -112,14 +115,38 @@ run_server() {
     failed+=("$name (tests)")
     tail -n 30 "$run/$name/server.log" | sed 's/^/    server.log: /'
   fi
+  if ((${#robustness[@]})); then
+    # The contract suite `leyline serve` passes, unchanged, against this live server.
+    say "    leyline eval robustness ${robustness[*]} against $name"
+    if ! timeout "$test_timeout" .venv/bin/leyline eval robustness \
+      --base-url "http://127.0.0.1:$port" --fast --no-progress \
+      --out "$run/$name/robustness" "${robustness[@]}" | sed 's/^/    /'; then
+      failed+=("$name (robustness)")
+    fi
+  fi
   bash "$server" stop "$run/$name"
   [[ ! -f $run/$name/figures.jsonl ]] || report "$run/$name/figures.jsonl"
   say "    $name: $((SECONDS - started)) s"
 }
 
 say "3/3 one live server per run, the live tests against each"
+# SmolLM2 (a real model): every check, cross-session against transformers on the weights.
+robustness=(--model-dir "${dirs[smollm2]}")
 run_server smollm2 smollm2 "" tests/sglang_live
+robustness=()
 run_server tiny-mla-v2 tiny-mla-v2 "" tests/sglang_live
+# Tenants: the plugin with API keys (two tenants), its own small run; the suite's checks
+# but cross-session (random weights: their top-20 is too flat to compare by membership).
+mkdir -p "$run/tenants"
+key() { head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+alpha=$(key) bravo=$(key)
+printf 'alpha %s\nbravo %s\n' "$alpha" "$bravo" >"$run/tenants/keys"
+export LEYLINE_API_KEYS_FILE=$run/tenants/keys
+robustness=(--api-key "$alpha" --api-key-b "$bravo"
+  --checks fuzz,lost_updates,redaction,cross_tenant,cross_salt)
+run_server tenants tiny-mla-v2 "" tests/sglang_live/test_tenants.py
+robustness=()
+unset LEYLINE_API_KEYS_FILE
 if [[ $extra == 1 ]]; then
   run_server tiny-mla-v2-page4 tiny-mla-v2 "--page-size 4" tests/sglang_live/test_load.py \
     tests/sglang_live/test_forget_purge.py tests/sglang_live/test_runtime.py

@@ -91,6 +91,8 @@ class SglangRunner:
             kept = common_prefix(edited.tokens, turn.prompt)
             spans = tuple(span for span in edited.spans if span.end <= kept)
         prompt = turn.prompt
+        if prompt[: len(edited.tokens)] != edited.tokens:
+            handle.realigned(edited.tokens, prompt)  # the tree keeps what it had cached
         revision = edited.revision if prompt == edited.tokens else edited.revision + 1
         # The prompt is the session's from here (the generate caches it), even if the
         # generation then fails: the view never claims tokens SGLang was not given.
@@ -101,6 +103,7 @@ class SglangRunner:
         path = Path.prefix_hit if shared == len(edited.tokens) else Path.reprefill
         prefill = OpReport(path, revision, reused, len(prompt) - reused, first_change=shared)
         handle.view = SessionView(prompt + out.ids, revision + 1, spans)
+        handle.cached(prompt + out.ids[:-1])  # SGLang never computes the last id's KV
         generation = GenerationResult(
             out.ids,
             out.text,

@@ -101,7 +101,7 @@ def handle(scheduler: Any, req: LeylineSpliceReqInput) -> LeylineSpliceReqOutput
 
 
 def _hold(scheduler: Any, tree: TreeOps, req: LeylineSpliceReqInput) -> tuple[int, list[str]]:
-    """``hold``: lock what the tree holds of ``req.old_tokens`` (public namespace) under
+    """``hold``: lock what the tree holds of ``req.old_tokens`` (in ``req.old_salt``) under
     ``req.key``, replacing any earlier lock of that key, releasing keys of
     ``req.evictable`` (in order) only if that makes room; ``release``: let the key's lock
     go. A locked path is never evicted: a registered skill's KV stays until it is deleted.
@@ -132,7 +132,7 @@ def _hold(scheduler: Any, tree: TreeOps, req: LeylineSpliceReqInput) -> tuple[in
     previous = holds.pop(req.key, None)
     held = 0
     if req.verb == "hold":
-        match = tree.match(req.old_tokens)
+        match = tree.match(req.old_tokens, req.old_salt)
         held = match.length
         if held:
             holds[req.key] = (tree.lock(match.node), held)

@@ -1,7 +1,8 @@
 """Skills on SGLang: a block's KV is the tree's own prefill of it, locked while registered.
 
 Registering a skill runs an ordinary generate of its tokens (after its anchor, when it has
-one) in the public namespace, so the radix tree caches exactly a prefill of them from
+one) in its tenant's namespace (the public one without tenants), so the radix tree caches
+exactly a prefill of them from
 position 0, then asks the scheduler to lock that path under the skill's name (``hold``):
 a locked path is never evicted, so COMPOSE can copy the block's KV from those slots for as
 long as the skill is registered. Deleting or replacing the skill lets the lock go (the
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -49,6 +50,8 @@ class HeldSkill:
     prefills the block in context)."""
     users: int = 0
     """Running composes that read it: it is then neither deleted, replaced nor evicted."""
+    salt: str | None = None
+    """Where the tree caches it: its tenant's namespace (None: the public one)."""
 
     @property
     def source(self) -> tuple[int, ...]:
@@ -90,9 +93,16 @@ def _in_use(skill: HeldSkill) -> LeylineError:
 class SkillHolds:
     """Skills keyed by (tenant, id), least recently used first; one event loop's."""
 
-    def __init__(self, link: SchedulerLink, model: str) -> None:
+    def __init__(
+        self,
+        link: SchedulerLink,
+        model: str,
+        namespace_of: Callable[[str], str | None] = lambda tenant: None,
+    ) -> None:
         self.link = link
         self.model = model
+        self.namespace_of = namespace_of
+        """A tenant's namespace: a skill is KV of that tenant's, never shared across."""
         self._entries: OrderedDict[tuple[str, str], HeldSkill] = OrderedDict()
         self._writing = asyncio.Lock()  # registrations and deletes, one at a time
 
@@ -136,7 +146,8 @@ class SkillHolds:
             if existing is not None and existing.users:
                 raise _in_use(existing)
             skill = HeldSkill(skill_id, tenant, block, lead, self.model, digest, label)
-            await self.link.prefill(skill.source)
+            skill.salt = self.namespace_of(tenant)
+            await self.link.prefill(skill.source, skill.salt)
             skill.held = await self._hold(skill)
             self._entries[(tenant, skill_id)] = skill  # replaces: the hold key is the same
             self._entries.move_to_end((tenant, skill_id))
@@ -147,7 +158,7 @@ class SkillHolds:
         first, to make room (they are then gone), or refuse with nothing changed."""
         idle = [s.hold_key for k, s in self._entries.items()
                 if not s.users and k != (skill.tenant, skill.id)]  # fmt: skip
-        held, released = await self.link.hold(skill.hold_key, skill.source, idle)
+        held, released = await self.link.hold(skill.hold_key, skill.source, idle, skill.salt)
         gone = set(released)
         for key in [k for k, s in self._entries.items() if s.hold_key in gone]:
             del self._entries[key]

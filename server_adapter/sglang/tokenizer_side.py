@@ -10,6 +10,7 @@ their generations are ordinary streamed generates (``TokenizerManagerLink.genera
 
 from __future__ import annotations
 
+import secrets
 import sys
 import uuid
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from ..sampling import SamplingParams
 from .backend import BlockSource, SchedulerAnswer, SglangBackend, SglangSession, checked
 from .openai_dispatch import LeylineDispatch, leyline_openai_app
 from .runner import Generated, SglangRunner
+from .tenant_keys import TenantKeys, tenants_from_env
 from .wire import LeylineSpliceReqInput, LeylineSpliceReqOutput, from_wire, to_wire
 
 
@@ -52,9 +54,13 @@ class TokenizerManagerLink:
         return await self._ask(req)
 
     async def hold(
-        self, key: str, tokens: Sequence[int], evictable: Sequence[str] = ()
+        self,
+        key: str,
+        tokens: Sequence[int],
+        evictable: Sequence[str] = (),
+        salt: str | None = None,
     ) -> tuple[int, tuple[str, ...]]:
-        req = to_wire("hold", tokens, (), key=key, evictable=evictable)
+        req = to_wire("hold", tokens, (), key=key, evictable=evictable, old_salt=salt)
         answer = checked(await self._ask(req))
         return answer.cached_tokens, answer.released
 
@@ -164,8 +170,10 @@ def _choices(meta: dict[str, Any]) -> tuple[TokenChoice, ...]:
     )
 
 
-def backend_for(tokenizer_manager: Any) -> SglangBackend:
-    """The session core's backend for this server: its tokenizer, vocabulary and context."""
+def backend_for(tokenizer_manager: Any, *, tenants: bool = False) -> SglangBackend:
+    """The session core's backend for this server: its tokenizer, vocabulary and context;
+    with ``tenants``, each tenant's KV in namespaces derived with a secret of this process
+    (sessions live in this process only, so the names need not outlive it)."""
     config = tokenizer_manager.model_config
     name = getattr(tokenizer_manager, "served_model_name", None) or ""
     return SglangBackend(
@@ -174,6 +182,7 @@ def backend_for(tokenizer_manager: Any) -> SglangBackend:
         limits=Limits(max_session_tokens=int(tokenizer_manager.context_len)),
         vocab_size=int(config.vocab_size),
         model_name=str(name),
+        tenant_secret=secrets.token_bytes(32) if tenants else None,
     )
 
 
@@ -197,7 +206,8 @@ def install(tokenizer_manager: Any) -> None:
 def mount(app: Any, tokenizer_manager: Any) -> LeylineService[SglangSession]:
     """The ``/leyline/v1`` routes, and chat / completions with a ``leyline`` object, on
     SGLang's FastAPI ``app``: one service, so a session made by either is seen by both."""
-    backend = backend_for(tokenizer_manager)
+    tenants = tenants_from_env()  # a malformed keys file stops the server here, loudly
+    backend = backend_for(tokenizer_manager, tenants=tenants is not None)
     link = backend.link
     assert isinstance(link, TokenizerManagerLink)
     runner = SglangRunner(backend, link, _stop_ids(tokenizer_manager))
@@ -207,7 +217,12 @@ def mount(app: Any, tokenizer_manager: Any) -> LeylineService[SglangSession]:
     # SGLang's own router answers paths it does not know in FastAPI's format; under
     # /leyline/v1 the protocol's body is due (last: it must not shadow a route there).
     app.include_router(unmatched_router(API_PREFIX, routes))
-    app.add_middleware(LeylineDispatch, leyline_app=leyline_openai_app(service))
+    leyline_app: Any = leyline_openai_app(service)
+    if tenants is not None:
+        # Keys where the plugin answers; SGLang's own routes keep its own --api-key.
+        app.add_middleware(TenantKeys, tenants=tenants, prefix=API_PREFIX)
+        leyline_app = TenantKeys(leyline_app, tenants=tenants)
+    app.add_middleware(LeylineDispatch, leyline_app=leyline_app)
     return service
 
 

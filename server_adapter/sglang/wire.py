@@ -19,8 +19,8 @@ from .backend import BlockSource, SchedulerAnswer
 
 #: ``(start, end, replacement token ids)`` in the old sequence's coordinates.
 WireEdit = tuple[int, int, list[int]]
-#: A ``BlockSource``: ``(start, end, source tokens, offset, seam)``.
-WireBlock = tuple[int, int, list[int], int, int]
+#: A ``BlockSource``: ``(start, end, source tokens, offset, seam, salt)``.
+WireBlock = tuple[int, int, list[int], int, int, str | None]
 
 
 # SGLang is not installed where mypy runs, so ``BaseReq`` (a msgspec Struct) is Any there.
@@ -32,6 +32,7 @@ class LeylineSpliceReqInput(BaseReq, kw_only=True):  # type: ignore[misc, call-a
     """``splice``: which of ``edits`` are FORGETs (a mixed batch; the rest AMORTIZE)."""
     blocks: list[WireBlock] = msgspec.field(default_factory=list)
     old_salt: str | None = None
+    """The old sequence's namespace (``hold``: the held tokens')."""
     new_salt: str | None = None
     key: str = ""
     """``hold`` / ``release``: the name the scheduler keeps a held sequence's lock under."""
@@ -75,7 +76,7 @@ def to_wire(
         old_tokens=list(old_tokens),
         edits=[(e.start, e.end, list(e.replacement)) for e in edits],
         forgets=[i for i, e in enumerate(edits) if e.mode is Mode.forget],
-        blocks=[(b.start, b.end, list(b.source), b.offset, b.seam) for b in blocks],
+        blocks=[(b.start, b.end, list(b.source), b.offset, b.seam, b.salt) for b in blocks],
         old_salt=old_salt,
         new_salt=new_salt,
         key=key,
@@ -84,7 +85,9 @@ def to_wire(
 
 
 def blocks_of(req: LeylineSpliceReqInput) -> list[BlockSource]:
-    return [BlockSource(s, e, tuple(src), off, seam) for s, e, src, off, seam in req.blocks]
+    return [
+        BlockSource(s, e, tuple(src), off, seam, salt) for s, e, src, off, seam, salt in req.blocks
+    ]
 
 
 def from_wire(out: LeylineSpliceReqOutput) -> SchedulerAnswer:

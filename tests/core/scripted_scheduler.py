@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 from leyline.protocol import ErrorCode, FallbackReason, LeylineError
 from leyline.protocol.algebra import Edit, apply_edits
+from leyline.protocol.directives import Mode
 from leyline.server_adapter.core.batch import common_prefix
 from leyline.server_adapter.http.turns import OnToken
 from leyline.server_adapter.sampling import SamplingParams
@@ -48,7 +49,11 @@ class ScriptedScheduler:
         self.cache(salt).add(tuple(tokens))
 
     async def hold(
-        self, key: str, tokens: Sequence[int], evictable: Sequence[str] = ()
+        self,
+        key: str,
+        tokens: Sequence[int],
+        evictable: Sequence[str] = (),
+        salt: str | None = None,
     ) -> tuple[int, tuple[str, ...]]:
         self.sent.append("hold")
         others = {k: len(t) for k, t in self.held.items() if k != key}
@@ -62,7 +67,7 @@ class ScriptedScheduler:
             raise LeylineError(ErrorCode.limit_exceeded, "no room to hold it", "tokens")
         for victim in released:
             del self.held[victim]
-        held = self.cached_length(tokens)
+        held = self.cached_length(tokens, salt)
         self.held[key] = tuple(tokens[:held])
         return held, tuple(released)
 
@@ -83,7 +88,8 @@ class ScriptedScheduler:
         self.sent.append(verb)
         old = tuple(old_tokens)
         if verb == "forget":
-            cut = min(e.start for e in edits)
+            forgets = [e.start for e in edits if e.mode is Mode.forget]
+            cut = min(forgets or [e.start for e in edits])
             kept = {seq for seq in self.cache(old_salt) if common_prefix(seq, old) <= cut}
             self.caches[old_salt] = kept | {old[:cut]}
             return SchedulerAnswer(ok=True, cached_tokens=cut)
@@ -95,7 +101,7 @@ class ScriptedScheduler:
         new = result.tokens
         copied = set()
         for b in blocks:
-            body_end = b.start + max(0, self.cached_length(b.source) - b.offset)
+            body_end = b.start + max(0, self.cached_length(b.source, b.salt) - b.offset)
             copied |= set(range(b.start + b.seam, min(b.end, body_end)))
         for run in result.runs:
             if run.kind == "kept":

@@ -123,7 +123,8 @@ def test_the_first_compose_moves_the_session_to_its_own_namespace_for_good() -> 
     assert response.path is Path.splice
     handle = _handle(service, "s")
     private = handle.private_salt
-    assert private is not None and handle.shared_salt is None and handle.shared_tokens == OLD
+    assert private is not None and handle.shared_salt is None
+    assert set(handle.lineages) == {None, private}  # the shared namespace still caches OLD
     composed = OLD[:30] + SKILL + OLD[30:]
     assert scheduler.cached_length(composed, private) == len(composed)
     assert scheduler.cached_length(composed) == 30  # nobody else reads the composed KV
@@ -135,7 +136,7 @@ def test_the_first_compose_moves_the_session_to_its_own_namespace_for_good() -> 
 
 def test_a_forget_after_a_compose_purges_the_shared_namespace_too() -> None:
     """The forgotten tokens also sit in the shared namespace's copy of the session from
-    before the compose (at other positions): it is purged from where the two part."""
+    before the compose (at other positions): it is purged from where they sit there."""
     service, scheduler, _ = _service()
     run(service.create(DEFAULT_TENANT, SessionCreate(session="s", tokens=list(OLD))))
     run(service.create_skill(DEFAULT_TENANT, SkillCreate(skill="k", tokens=list(SKILL))))
@@ -146,7 +147,7 @@ def test_a_forget_after_a_compose_purges_the_shared_namespace_too() -> None:
     )  # OLD[40:46], moved by 20
     response = _apply(service, "s", 2, forget)
     assert response.path is Path.reprefill
-    assert scheduler.cached_length(OLD) == 30  # purged from where the revisions part
+    assert scheduler.cached_length(OLD) == 40  # purged from where the span sits there
     composed = OLD[:30] + SKILL + OLD[30:]
     assert scheduler.cached_length(composed, private) == 60
 
@@ -162,3 +163,19 @@ def test_a_private_sessions_forget_purges_a_strangers_copy_of_its_tokens() -> No
     forget = ForgetDirective(span=TokenSpan(start=30, end=35), replacement=[])
     assert _apply(service, "s", 2, forget).path is Path.reprefill
     assert scheduler.cached_length(spliced) == 30
+
+
+def test_a_forget_purges_every_earlier_lineage_from_where_the_span_sits() -> None:
+    """The session re-sent its tokens edited before the span (a diverging prompt): the
+    tree still caches the first version, the span at another position. A FORGET must purge
+    it there too, and keep what comes before the span."""
+    service, scheduler, backend = _service()
+    run(service.create(DEFAULT_TENANT, SessionCreate(session="s", tokens=list(OLD))))
+    handle = _handle(service, "s")
+    edited = (7, 8, 9, *OLD)
+    run(backend.prefill(handle, edited, ()))
+    assert len(handle.lineages[None]) == 2  # OLD, and the edited tokens
+    secret = TokenSpan(start=3 + 40, end=3 + 46)  # OLD[40:46] in the edited tokens
+    _apply(service, "s", handle.view.revision, ForgetDirective(span=secret, replacement=[]))
+    assert scheduler.cached_length(OLD) == 40  # the first version, purged at the span
+    assert scheduler.cached_length(edited) == 43

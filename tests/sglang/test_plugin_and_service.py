@@ -103,9 +103,13 @@ class _LocalLink:
         return from_wire(handle(self.scheduler, req))
 
     async def hold(
-        self, key: str, tokens: Sequence[int], evictable: Sequence[str] = ()
+        self,
+        key: str,
+        tokens: Sequence[int],
+        evictable: Sequence[str] = (),
+        salt: str | None = None,
     ) -> tuple[int, tuple[str, ...]]:
-        req = to_wire("hold", tokens, (), key=key, evictable=evictable)
+        req = to_wire("hold", tokens, (), key=key, evictable=evictable, old_salt=salt)
         answer = checked(from_wire(handle(self.scheduler, req)))
         return answer.cached_tokens, answer.released
 
@@ -157,10 +161,14 @@ def test_splice_directive_end_to_end_on_real_classes() -> None:
     stack = build("unified-rust")
     service, link = _service(stack)
     session = _create(service, "s", OLD)
+    free = stack.allocator.available_size()
     splice = SpliceDirective(span=TokenSpan(start=20, end=50), replacement=[7, 8, 9])
     resp = _apply(service, session, [splice], 1)
     assert (resp.path, resp.revision, resp.fallback_reason) == (Path.splice, 2, None)
     assert link.prefilled == [80, 23]  # the session, then the prefix and the replacement
+    # What the session's own namespace costs: a slot per token it holds, the copied
+    # 20-token prefix included (all but the moved last token, which a generate computes).
+    assert free - stack.allocator.available_size() == 20 + 3 + 30 - 1
     new = _tokens(service, session)
     assert new == tuple([*OLD[:20], 7, 8, 9, *OLD[50:]])
     assert resp.reused_tokens + resp.prefilled_tokens == len(new)
