@@ -11,8 +11,12 @@
   request (no ``leyline`` object) and (a) a new session Q, created with the original tokens
   and FORGETting the same span with the same stub in a completions turn, ask for the next
   token after the edited tokens. Both must give the exact prefill's next-token top-20
-  log-probabilities: max |delta| <= 1e-3. The exact reference is plain ``transformers``
-  in fp32 on a HF model directory (``--model-dir``), or, without one, a fresh session's
+  log-probabilities: max |delta| <= 1e-3. The splice arm must equal the splice's own
+  definition (``ExactReference.splice_top``: downstream KV of the original prefill, keys
+  turned by delta, the last token recomputed) to the same bound, and differ from the exact
+  prefill; an ERRATUM appended in session E must give the exact prefill of E's tokens.
+  The exact reference is plain ``transformers`` in fp32 on a HF model directory
+  (``--model-dir``), or, without one, a fresh session's
   prefill on the same server under a cache salt of its own (weaker: the server checks
   itself). The plain request also must not reuse past the edit (start + stub): the only KV
   of the edited tail that exists when it runs is P's.
@@ -50,6 +54,7 @@ NONCE_IDS = 4
 NONCE_RANGE = (1000, 30000)
 """Random token ids that start every prompt: below every vocabulary the evals serve."""
 STUB = " [tool output elided]"
+ERRATUM = " [STATE UPDATE] budget -> 250; overrides the earlier value."
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +117,12 @@ class Server:
         if reply.status_code != 201:
             raise RuntimeError(f"session create answered {reply.status_code}: {reply.text[:300]}")
         return int(reply.json()["revision"])
+
+    def session_tokens(self, session: str) -> list[int]:
+        reply = self.http.get(session_path(session), params={"tokens": "true"})
+        if reply.status_code != 200:
+            raise RuntimeError(f"session read answered {reply.status_code}: {reply.text[:300]}")
+        return list(reply.json()["tokens"])
 
     def apply(self, session: str, revision: int, directives: list[dict[str, Any]]) -> Any:
         body = {"base_revision": revision, "directives": directives}
@@ -199,9 +210,66 @@ class ExactReference:
         torch = self.torch
         with torch.no_grad():
             logits = self.model(torch.tensor([list(tokens)])).logits[0, -1]
-        logprobs = torch.log_softmax(logits.double(), dim=-1)
-        values, ids = torch.topk(logprobs, k)
+        return self._top(logits, k)
+
+    def splice_top(
+        self, tokens: Sequence[int], start: int, end: int, stub: Sequence[int], k: int = TOP
+    ) -> list[tuple[int, float]] | None:
+        """The next token after a SPLICE of ``[start, end)`` by ``stub``, by its definition
+        (protocol 3.1): the prefix and the stub prefilled; every downstream token's values
+        and keys as the original prefill computed them, keys turned by the model's own
+        rotary embedding at ``delta``; the last token run in its new context. None for a
+        model whose rotary embedding is not transformers' ``rotate_half`` kind."""
+        import importlib
+
+        torch = self.torch
+        model = self.model
+        rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+        rotate_half = getattr(importlib.import_module(type(model).__module__), "rotate_half", None)
+        if rotary is None or rotate_half is None:
+            return None
+        from transformers import DynamicCache
+
+        tokens, stub = list(tokens), list(stub)
+        n, delta = len(tokens), len(stub) - (end - start)
+        with torch.no_grad():
+            original = _cache_of(model(torch.tensor([tokens[:-1]]), use_cache=True))
+            head = _cache_of(model(torch.tensor([tokens[:start] + stub]), use_cache=True))
+            cos, sin = rotary(torch.zeros(1, 1, 1), torch.tensor([[delta]]))
+            cos, sin = cos.double()[:, None], sin.double()[:, None]
+            cache = DynamicCache()
+            for i, (old, new) in enumerate(zip(original.layers, head.layers, strict=True)):
+                keys = old.keys[:, :, end : n - 1].double()
+                keys = (keys * cos + rotate_half(keys) * sin).to(old.keys.dtype)
+                values = old.values[:, :, end : n - 1]
+                cache.update(torch.cat([new.keys, keys], 2), torch.cat([new.values, values], 2), i)
+            at = n - 1 + delta
+            logits = model(
+                torch.tensor([tokens[-1:]]),
+                **{_cache_arg(model): cache},
+                position_ids=torch.tensor([[at]]),
+                cache_position=torch.tensor([at]),
+            ).logits[0, -1]
+        return self._top(logits, k)
+
+    def _top(self, logits: Any, k: int) -> list[tuple[int, float]]:
+        logprobs = self.torch.log_softmax(logits.double(), dim=-1)
+        values, ids = self.torch.topk(logprobs, k)
         return [(int(i), float(v)) for i, v in zip(ids, values, strict=True)]
+
+
+def _cache_of(output: Any) -> Any:
+    """The KV cache a forward returned (``cache`` in transformers 5.x, earlier
+    ``past_key_values``)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
+def _cache_arg(model: Any) -> str:
+    """The forward's cache argument: ``cache`` where it has one, else ``past_key_values``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 # -- cross-session -----------------------------------------------------------------------
@@ -265,7 +333,7 @@ def cross_session(
     prompt = build_prompt(server, nonce(rng), size, tag)
     span = {"start": prompt.start, "end": prompt.end}
     edited = prompt.edited
-    p, q, r = f"{tag}-P", f"{tag}-Q", f"{tag}-R"
+    p, q, r, e = f"{tag}-P", f"{tag}-Q", f"{tag}-R", f"{tag}-E"
     revision = server.create(p, prompt.tokens)
     splice = {"verb": "splice", "span": span, "replacement": prompt.stub}
     spliced = server.apply(p, revision, [splice])
@@ -276,12 +344,24 @@ def cross_session(
     forgot = server.complete(
         edited, {"session": q, "base_revision": revision, "directives": [forget]}
     )
+    # An erratum is appended: the session's tokens then are a prefill of themselves.
+    revision = server.create(e, prompt.tokens)
+    erratum = {"verb": "erratum", "text": ERRATUM}
+    server.apply(e, revision, [erratum])
+    noted = server.session_tokens(e)
+    noted_arm = server.complete(noted, {"session": e})
+    definition: dict[str, float] | None = None
     if reference is not None:
         exact = keyed(reference.top(edited), server.text_of)
+        exact_noted = keyed(reference.top(noted), server.text_of)
+        spliced_top = reference.splice_top(prompt.tokens, prompt.start, prompt.end, prompt.stub)
+        if spliced_top is not None:
+            definition = keyed(spliced_top, server.text_of)
         how = reference.name
     else:
         salt = f"{tag}-reference" if cache_salt else None
         exact = server.complete(edited, {"session": r}, cache_salt=salt).top
+        exact_noted = server.complete(noted, {"session": f"{r}2"}, cache_salt=salt).top
         how = "server prefill, fresh session" + (" and cache_salt" if cache_salt else "")
     bound = prompt.start + len(prompt.stub)
     row: dict[str, Any] = {
@@ -296,6 +376,12 @@ def cross_session(
             "path": spliced.get("path"),
             "reused": splice_arm.reused,
             **compare(exact, splice_arm.top),
+            "definition": None if definition is None else compare(definition, splice_arm.top),
+        },
+        "erratum": {
+            "path": (noted_arm.leyline or {}).get("path"),
+            "reused": noted_arm.reused,
+            **compare(exact_noted, noted_arm.top),
         },
         "plain": {
             "reused": plain.reused,
@@ -315,10 +401,13 @@ def cross_session(
 def leaks(row: Mapping[str, Any]) -> list[str]:
     """What a scenario shows crossing sessions: empty when it passes."""
     out = []
-    for arm in ("plain", "forget"):
+    for arm in ("plain", "forget", "erratum"):
         delta = row[arm]["max_abs_delta"]
         if delta is None or not delta <= TOLERANCE:
             out.append(f"{arm}: max |delta logprob| {delta}")
+    definition = row["splice"].get("definition")
+    if definition is not None and not definition["max_abs_delta"] <= TOLERANCE:
+        out.append(f"splice vs its definition: max |delta logprob| {definition['max_abs_delta']}")
     if row["plain"].get("reused_past_edit"):
         out.append(f"plain: reused {row['plain']['reused_past_edit']} tokens past the edit")
     return out

@@ -41,7 +41,7 @@ def counts(data: dict[str, Any]) -> dict[str, Any]:
         r["reused"] > 0 for r in data["cross_tenant"] if not r["how"].startswith("control")
     )
     crossed = data.get("cross_session", {"n/a": "not run"})
-    out["cross-session leaks (plain, forget)"] = na(crossed) or sum(
+    out["cross-session leaks (plain, forget, erratum, splice def.)"] = na(crossed) or sum(
         bool(r["leaks"]) for r in crossed
     )
     out["cross-session splices not run as splice"] = na(crossed) or sum(
@@ -197,8 +197,9 @@ def _cross_tenant(report: Report, crossed: list[dict[str, Any]]) -> None:
 
 def _cross_session(report: Report, rows: list[dict[str, Any]]) -> None:
     header = [
-        "scenario", "tokens", "span", "splice path", "splice arm |Δ|", "plain |Δ|",
-        "plain reused", "forget |Δ|", "forget path", "forget reused",
+        "scenario", "tokens", "span", "splice path", "splice arm |Δ| (vs its definition)",
+        "plain |Δ|", "plain reused", "forget |Δ|", "forget path", "forget reused",
+        "erratum |Δ|",
     ]  # fmt: skip
     table = [
         [
@@ -206,21 +207,24 @@ def _cross_session(report: Report, rows: list[dict[str, Any]]) -> None:
             r["tokens"],
             f"[{r['span'][0]}, {r['span'][1]})",
             r["splice"]["path"],
-            _delta(r["splice"]),
+            f"{_delta(r['splice'])} ({_definition(r)})",
             _delta(r["plain"]),
             _reuse(r["plain"]["reused"]),
             _delta(r["forget"]),
             r["forget"]["path"],
             _reuse(r["forget"]["reused"]),
+            _delta(r["erratum"]) if "erratum" in r else "-",
         ]
         for r in rows
     ]
     references = ", ".join(sorted({r["reference"] for r in rows}))
     note = (
         f"|Δ|: max |Δ logprob| over the exact next-token top-{TOP} of the edited tokens "
-        f"(reference: {references}); target <= {TOLERANCE:g} for the plain request and the "
-        "FORGET. The splice arm is P's own turn: it keeps KV that attended to the removed "
-        "span, so it should differ (informative). Reused: the server's count of cached "
+        f"(reference: {references}); target <= {TOLERANCE:g} for the plain request, the "
+        "FORGET and the erratum. The splice arm is P's own turn: it keeps KV that attended "
+        "to the removed span, so it differs from the exact prefill (informative); in "
+        "brackets, against the splice's own definition computed with transformers (target "
+        f"<= {TOLERANCE:g}; `-` without --model-dir). Reused: the server's count of cached "
         "prompt tokens (`-`: not reported); the plain request may reuse at most the tokens "
         "before the stub's end."
     )
@@ -247,11 +251,16 @@ def _cross_salt(report: Report, rows: list[dict[str, Any]]) -> None:
     report.section("Cross-salt reuse", f"{body}\n\n{note}")
 
 
-def _delta(arm: dict[str, Any]) -> str:
-    delta = arm["max_abs_delta"]
+def _definition(row: dict[str, Any]) -> str:
+    definition = row["splice"].get("definition")
+    return "-" if definition is None else _delta(definition)
+
+
+def _delta(arm: dict[str, Any] | None) -> str:
+    delta = None if arm is None else arm["max_abs_delta"]
     if delta is None:
         return "-"
-    missing = f" ({arm['missing']} missing)" if arm.get("missing") else ""
+    missing = f" ({arm['missing']} missing)" if arm and arm.get("missing") else ""
     return f"{delta:.2e}{missing}"
 
 
@@ -303,7 +312,8 @@ def text(data: dict[str, Any]) -> str:
         for r in crossed:
             lines.append(
                 f"  cross-session {r['scenario']}: max |Δ logprob| plain {_delta(r['plain'])}, "
-                f"forget {_delta(r['forget'])}, splice arm {_delta(r['splice'])}; reused plain "
+                f"forget {_delta(r['forget'])}, erratum {_delta(r.get('erratum'))}, splice arm "
+                f"{_delta(r['splice'])} (vs its definition {_definition(r)}); reused plain "
                 f"{_reuse(r['plain']['reused'])}, forget {_reuse(r['forget']['reused'])} "
                 f"of {r['edited_tokens']}"
             )

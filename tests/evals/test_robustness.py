@@ -118,13 +118,18 @@ def test_a_cross_session_leak_fails_its_target_and_na_is_no_pass() -> None:
         return {"max_abs_delta": delta, "compared": 20, "missing": 0, **extra}
 
     good = {
-        "scenario": 0, "splice": {"path": "splice", **arm(0.9)},
+        "scenario": 0, "splice": {"path": "splice", **arm(0.9), "definition": arm(3e-5)},
         "plain": arm(1e-5, reused=16, reused_past_edit=0), "forget": arm(2e-5),
+        "erratum": arm(1e-5),
     }  # fmt: skip
     assert leaks(good) == []
     wrong = good | {"plain": arm(0.3, reused=48, reused_past_edit=20)}
     assert len(leaks(wrong)) == 2  # the delta and the reuse past the edit
     assert leaks(good | {"forget": arm(TOLERANCE * 1.5)}) != []
+    assert leaks(good | {"erratum": arm(0.2)}) != []
+    # A splice off its own definition (say, unrotated) fails; none computed is no verdict.
+    assert leaks(good | {"splice": good["splice"] | {"definition": arm(0.4)}}) != []
+    assert leaks(good | {"splice": good["splice"] | {"definition": None}}) == []
     na = {"n/a": "not asked for"}
     data: dict[str, Any] = dict.fromkeys(
         ("fuzz", "lost_updates", "redaction", "cross_tenant", "health"), na
@@ -133,10 +138,10 @@ def test_a_cross_session_leak_fails_its_target_and_na_is_no_pass() -> None:
     data["cross_session"] = [good | {"leaks": leaks(good)}]
     rows = {t["check"]: t for t in targets(data, "fast")}
     assert rows["cross-tenant reuse"]["met"] is None  # n/a is neither met nor failed
-    assert rows["cross-session leaks (plain, forget)"]["met"] is True
+    assert rows["cross-session leaks (plain, forget, erratum, splice def.)"]["met"] is True
     assert met({"targets": list(rows.values())})
     data["cross_session"] = [wrong | {"leaks": leaks(wrong)}]
-    assert counts(data)["cross-session leaks (plain, forget)"] == 1
+    assert counts(data)["cross-session leaks (plain, forget, erratum, splice def.)"] == 1
     assert not met({"targets": targets(data, "fast")})
     data["cross_session"] = [good | {"splice": arm(0.9, path="reprefill"), "leaks": []}]
     assert counts(data)["cross-session splices not run as splice"] == 1
@@ -217,7 +222,7 @@ def test_isolation_checks_against_a_live_leyline_serve(tmp_path: Path) -> None:
         data = run_robustness(options)
     rows = {t["check"]: t for t in data["targets"]}
     assert rows["5xx"]["met"] is None and str(rows["5xx"]["value"]).startswith("n/a")
-    for check in ("cross-tenant reuse", "cross-session leaks (plain, forget)",
+    for check in ("cross-tenant reuse", "cross-session leaks (plain, forget, erratum, splice def.)",
                   "cross-session splices not run as splice", "cross-salt reuse"):  # fmt: skip
         assert rows[check]["met"] is True, rows[check]
     (scenario,) = data["cross_session"]
