@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PhiConfig, PhiForCausalLM
 
@@ -85,3 +87,35 @@ def snapshot(kv: KVCache) -> KVCache:
 def random_tokens(n: int, vocab: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+@functools.cache
+def fused_refusal(dtype: torch.dtype = torch.float32) -> str:
+    """Why the engine's fused layers (``layer_kernel`` over ``linear_kernel``) do not run on
+    this CPU in ``dtype``; empty where they do. They read oneDNN's packed weights directly,
+    which the engine packs by default on AVX-512 CPUs only and which oneDNN lays out as
+    ``linear_kernel`` reads them only there: elsewhere (an AVX2 CPU) the engine keeps the
+    lean path, and the tests of the fused path have nothing to run."""
+    from leyline.server_adapter.engine import Engine
+    from leyline.server_adapter.fused_forward import fused_model
+
+    loaded = tiny_llama(seed=2)
+    loaded.model.to(dtype)
+    if fused_model(Engine(loaded).model) is not None:
+        return ""
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (
+        f"the fused layers do not run on this CPU ({capability}, {dtype}): the engine "
+        "packs linear weights in linear_kernel's layout on AVX-512 CPUs only"
+    )
+
+
+def needs_fused(dtype: torch.dtype = torch.float32) -> pytest.MarkDecorator:
+    """Skip (saying why) where the fused layers cannot run in ``dtype``."""
+    reason = fused_refusal(dtype)
+    return pytest.mark.skipif(bool(reason), reason=reason or "runs")
+
+
+def fused_dtypes() -> list[Any]:
+    """fp32 and bf16 as parameters, each skipped where the fused layers cannot run in it."""
+    return [pytest.param(d, marks=needs_fused(d)) for d in (torch.float32, torch.bfloat16)]

@@ -7,9 +7,12 @@ import pytest
 
 from leyline.evals.bench_lean_layers import main
 
+from ._helpers import needs_fused
+
 
 @pytest.mark.slow
 @pytest.mark.model
+@needs_fused()
 def test_bench_lean_layers_times_every_arm(capsys: pytest.CaptureFixture[str]) -> None:
     result = main(["--quick", "--dtypes", "float32"])
     figures = result["float32"][512]

@@ -27,7 +27,14 @@ from leyline.server_adapter.sampling import SamplingParams
 from leyline.server_adapter.segment_attention import PreparedPlan
 from leyline.server_adapter.session import SessionCache
 
-from ._helpers import kv_bitwise_equal, random_tokens, snapshot, tiny_llama
+from ._helpers import (
+    fused_dtypes,
+    kv_bitwise_equal,
+    needs_fused,
+    random_tokens,
+    snapshot,
+    tiny_llama,
+)
 
 N = 900  # the replacement's queries see 600+ keys: past the kernel's shortest run
 
@@ -73,7 +80,7 @@ def runs_to(request: pytest.FixtureRequest) -> Iterator[str]:
         yield str(request.param)
 
 
-@pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.fixture(params=fused_dtypes(), ids=["fp32", "bf16"])
 def engine(
     request: pytest.FixtureRequest, kernel: attention_kernel.AttentionKernel
 ) -> Iterator[Engine]:
@@ -130,6 +137,7 @@ def test_the_fused_loop_is_the_models_forward_bitwise(
     assert kv_bitwise_equal(fused.kv, by_model.kv)
 
 
+@needs_fused()
 def test_a_real_model_splice_takes_the_loop_bitwise(
     smollm2_engine: Engine,
     kernel: attention_kernel.AttentionKernel,
@@ -173,6 +181,7 @@ def test_a_failure_inside_the_loop_leaves_the_session_bitwise_unchanged(
     assert len(session.tokens) == N - 84
 
 
+@needs_fused()
 def test_models_it_cannot_run_whole_are_refused(
     llama_engine: Engine, mla_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -224,6 +233,7 @@ def test_transformers_capturing_hooks_do_not_turn_the_loop_off(
     assert kv_bitwise_equal(fused.kv, by_model.kv)
 
 
+@needs_fused()
 def test_the_loop_refuses_more_rows_than_its_layers_take(llama_engine: Engine) -> None:
     fused = fused_model(llama_engine.model)
     assert fused is not None
@@ -283,6 +293,7 @@ def test_a_decode_step_takes_the_loop_bitwise(
     assert kv_bitwise_equal(fused[1], by_model[1])
 
 
+@needs_fused()
 def test_a_real_model_generation_is_the_same_with_the_loop(
     smollm2_engine: Engine,
     kernel: attention_kernel.AttentionKernel,

@@ -18,7 +18,7 @@ from leyline.server_adapter.lean_layers import FUSED, transformers_layers
 from leyline.server_adapter.linear_kernel import F32_ROWS
 from leyline.server_adapter.session import SessionCache
 
-from ._helpers import random_tokens, tiny_llama
+from ._helpers import fused_dtypes, needs_fused, random_tokens, tiny_llama
 from .test_lean_layers import _engine_ops
 
 
@@ -62,7 +62,7 @@ def _reference_layer(
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fixed, out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", fused_dtypes())
 @pytest.mark.parametrize(("batch", "rows"), [(1, 1), (1, 3), (1, 17), (1, 32), (4, 1), (3, 2)])
 def test_one_layer_equals_transformers_ops_within_rounding(
     dtype: torch.dtype, batch: int, rows: int
@@ -89,7 +89,7 @@ def test_one_layer_equals_transformers_ops_within_rounding(
         assert err <= tol
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", fused_dtypes())
 def test_the_engine_on_fused_layers_agrees_with_transformers(dtype: torch.dtype) -> None:
     """Chunked prefill (not fused: too many rows), splices in place and by copy, FORGET,
     decode steps and a batched step: logits and KV within rounding of transformers'."""
@@ -125,7 +125,7 @@ def test_the_activations_exp_is_within_a_ulp_and_clamped(
     )
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", fused_dtypes())
 def test_k_and_v_side_by_side_equal_them_in_turn(dtype: torch.dtype) -> None:
     """With two threads a GQA layer's narrow k and v products run one per thread at once;
     each still runs alone on its thread, so the results are bitwise those of one thread. (A
@@ -148,6 +148,7 @@ def test_k_and_v_side_by_side_equal_them_in_turn(dtype: torch.dtype) -> None:
         assert torch.equal(a, b)
 
 
+@needs_fused()
 def test_more_rows_than_the_kernel_takes_run_the_lean_forward() -> None:
     engine = _engine(torch.float32)
     fused = _fused(engine)[0]
@@ -164,6 +165,7 @@ def test_more_rows_than_the_kernel_takes_run_the_lean_forward() -> None:
     assert not fused.takes(x, torch.zeros(1, 1, fused.head_dim))
 
 
+@needs_fused()
 def test_a_hooked_product_runs_its_module_so_the_hook_fires() -> None:
     engine = _engine(torch.float32)
     layer = engine.model.model.layers[0]
@@ -207,6 +209,7 @@ def _logits(engine: Engine, *, transformers: bool) -> list[torch.Tensor]:
 
 
 @pytest.mark.slow
+@needs_fused()
 def test_smollm2_fp32_on_fused_layers_gives_transformers_next_tokens() -> None:
     engine = Engine.load("smollm2", dtype=torch.float32)
     assert len(_fused(engine)) == 30
@@ -216,6 +219,7 @@ def test_smollm2_fp32_on_fused_layers_gives_transformers_next_tokens() -> None:
 
 
 @pytest.mark.slow
+@needs_fused(torch.bfloat16)
 def test_smollm2_bf16_on_fused_layers_is_as_near_fp32_as_transformers_bf16() -> None:
     """Two bf16 forwards round differently, so neither is the other's reference: both are
     measured against the fp32 model, and the fused one may be no further from it than
