@@ -16,6 +16,7 @@ of its own: one nonce per scenario, one prompt per cross-tenant row.
 
 from __future__ import annotations
 
+import secrets
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +45,8 @@ class Client:
     def __init__(self, base_url: str, key: str | None) -> None:
         self.http = httpx.Client(base_url=base_url, headers=auth_headers(key), timeout=300)
         self.sessions: list[str] = []
+        self.chats: list[list[dict[str, str]]] = []
+        """Every chat this client sent (what its own cache may share with a later one)."""
 
     def tokens(self, text: str) -> list[int]:
         reply = self.http.post("/leyline/v1/tokenize", json={"text": text})
@@ -60,6 +63,7 @@ class Client:
         return _report(reply.json())
 
     def chat(self, messages: list[dict[str, str]], session: str | None = None) -> Any:
+        self.chats.append(messages)
         body: dict[str, Any] = {"messages": messages, "max_tokens": 1, "temperature": 0}
         if session is not None:
             body["leyline"] = {"session": session}
@@ -190,24 +194,61 @@ def _find(tokens: list[int], part: list[int]) -> int | None:
 
 
 def cross_tenant(a: Client, b: Client, trial: int, prefix: str) -> list[dict[str, Any]]:
-    """Tenant B sends what tenant A cached; each row is one way of sending it."""
+    """Tenant B sends what tenant A cached; each row is one way of sending it.
+
+    Every token prompt starts with random token ids, so nothing B (or anyone) sent before
+    shares a prefix with it: a tree that caches single tokens would otherwise serve B its
+    own earlier prompts' first tokens. A chat starts with the template's header, which every
+    chat shares: B may reuse that much (``allowed``), and nothing past it."""
     ways = ("stateless", "in a session", "with a cache_salt", "as chat")
     texts = {
         way: f"Case {prefix}-{trial}-{i}: escalation notes say refund order 55{i}1 now. " * 3
         for i, way in enumerate(ways)
     }
-    prompts = {way: a.tokens(text) for way, text in texts.items()}
-    chat = [{"role": "system", "content": texts["as chat"]}, {"role": "user", "content": "?"}]
+    prompts = {way: _nonce() + a.tokens(text) for way, text in texts.items()}
+    chat = [
+        {"role": "system", "content": f"{secrets.token_hex(8)} {texts['as chat']}"},
+        {"role": "user", "content": "?"},
+    ]
     for way in ways[:3]:
         a.complete(prompts[way], f"{prefix}-{trial}-a-{way[:5]}")
     a.chat(chat, f"{prefix}-{trial}-a-chat")
+    own = _own_prefix(b, chat)  # before B sends it: what B's own earlier chats share
     rows = [
-        ("stateless", b.complete(prompts["stateless"])),
-        ("in a session", b.complete(prompts["in a session"], f"{prefix}-{trial}-b")),
-        ("with a cache_salt", b.complete(prompts["with a cache_salt"], cache_salt="guess")),
-        ("as chat", b.chat(chat, f"{prefix}-{trial}-b-chat")),
+        ("stateless", b.complete(prompts["stateless"]), 0),
+        ("in a session", b.complete(prompts["in a session"], f"{prefix}-{trial}-b"), 0),
+        ("with a cache_salt", b.complete(prompts["with a cache_salt"], cache_salt="guess"), 0),
+        ("as chat", b.chat(chat, f"{prefix}-{trial}-b-chat"), own),
     ]
-    out = [{"trial": trial, "how": how, "reused": r["reused_tokens"]} for how, r in rows]
+    out = [
+        {"trial": trial, "how": how, "reused": r["reused_tokens"], "allowed": allowed}
+        for how, r, allowed in rows
+    ]
     control = a.complete(prompts["stateless"], f"{prefix}-{trial}-a2")["reused_tokens"]
     out.append({"trial": trial, "how": "control: tenant A again", "reused": control})
     return out
+
+
+def _nonce() -> list[int]:
+    """Random token ids (below every vocabulary the evals serve)."""
+    return [1000 + secrets.randbelow(29000) for _ in range(4)]
+
+
+def _own_prefix(client: Client, messages: list[dict[str, str]]) -> int:
+    """How many leading tokens of ``messages`` rendered the client's own earlier chats (or
+    any chat: the template's header) already share: reusing those is no leak."""
+
+    def render(chat: list[dict[str, str]]) -> list[int]:
+        body = {"messages": chat, "add_generation_prompt": True}
+        return list(client.http.post("/leyline/v1/tokenize", json=body).json()["tokens"])
+
+    now = render(messages)
+    header = _common(render([{"role": "system", "content": "alpha"}]), now)
+    return max([header, *(_common(now, render(chat)) for chat in client.chats)])
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

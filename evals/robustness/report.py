@@ -38,7 +38,9 @@ def counts(data: dict[str, Any]) -> dict[str, Any]:
         r["leaked_tokens"] > 0 for r in data["redaction"] if not r["scenario"].startswith("control")
     )
     out["cross-tenant reuse"] = na(data["cross_tenant"]) or sum(
-        r["reused"] > 0 for r in data["cross_tenant"] if not r["how"].startswith("control")
+        r["reused"] > r.get("allowed", 0)
+        for r in data["cross_tenant"]
+        if not r["how"].startswith("control")
     )
     crossed = data.get("cross_session", {"n/a": "not run"})
     out["cross-session leaks (plain, forget, erratum, splice def.)"] = na(crossed) or sum(
@@ -190,9 +192,9 @@ def _redaction(report: Report, redaction: list[dict[str, Any]]) -> None:
 
 
 def _cross_tenant(report: Report, crossed: list[dict[str, Any]]) -> None:
-    rows = [[r["trial"], r["how"], r["reused"]] for r in crossed]
-    table = markdown_table(["trial", "tenant B sends A's prompt", "reused tokens"], rows)
-    report.section("Cross-tenant reuse", table)
+    rows = [[r["trial"], r["how"], r["reused"], r.get("allowed", "-")] for r in crossed]
+    header = ["trial", "tenant B sends A's prompt", "reused tokens", "allowed (chat header)"]
+    report.section("Cross-tenant reuse", markdown_table(header, rows))
 
 
 def _cross_session(report: Report, rows: list[dict[str, Any]]) -> None:
