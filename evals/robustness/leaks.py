@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from leyline.server_adapter.core.batch import common_prefix
+
 from .fuzz import session_path
 from .wire import auth_headers
 
@@ -243,12 +245,5 @@ def _own_prefix(client: Client, messages: list[dict[str, str]]) -> int:
         return list(client.http.post("/leyline/v1/tokenize", json=body).json()["tokens"])
 
     now = render(messages)
-    header = _common(render([{"role": "system", "content": "alpha"}]), now)
-    return max([header, *(_common(now, render(chat)) for chat in client.chats)])
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+    header = common_prefix(render([{"role": "system", "content": "alpha"}]), now)
+    return max([header, *(common_prefix(now, render(chat)) for chat in client.chats)])

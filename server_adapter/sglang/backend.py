@@ -464,6 +464,8 @@ class SglangBackend:
         spans = [(e.start, e.end) for e in plan.edits if e.mode is Mode.forget]
         for salt, lineages in handle.lineages.items():
             for tokens, first in lineages.forgotten(spans):
+                if salt == handle.salt and tokens == base.tokens:
+                    continue  # the current sequence: purged just above, from the same point
                 edit = Edit(first, first, ())
                 # A private lineage's tokens may have been prefilled by anyone in the shared
                 # namespace (a plain request for them): that copy holds the span too.
