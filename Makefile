@@ -47,14 +47,14 @@ sdk-check:
 # debug-gym needs Python 3.12 and its own pins: a separate venv (.venv-debuggym), then the
 # harness's tests there (a scripted LLM solves real mini_nightmare tasks).
 debug-gym-check: setup
-	bash evals/debug_gym/setup_env.sh
+	bash scripts/debug_gym/setup_env.sh
 	.venv-debuggym/bin/python -m pytest -q -p no:cacheprovider tests/evals_debug_gym
 	$(BIN)/leyline eval debug-gym --fast --no-progress --out results/ci-debug-gym-fast
 
 # The SGLang plugin: SGLang 0.5.23's cache classes on CPU torch in their own venv
 # (.venv-sglang), then the plugin's tests against them (docs/sglang.md).
 sglang-check:
-	bash server_adapter/sglang/setup_env.sh
+	bash scripts/sglang/setup_env.sh
 	.venv-sglang/bin/python -m pytest -q -p no:cacheprovider tests/sglang
 
 # The plugin in a real SGLang 0.5.23 server on this CPU (no GPU, no sgl_kernel): one server at
@@ -62,7 +62,7 @@ sglang-check:
 # reference engine on the same weights (tests/sglang_live; docs/sglang.md, "Live on CPU").
 .PHONY: sglang-live-check
 sglang-live-check: setup
-	bash server_adapter/sglang/live_check.sh
+	bash scripts/sglang/live_check.sh
 
 clean:
 	rm -rf $(VENV) $(SDK_VENV) .venv-debuggym .venv-sglang .pytest_cache .mypy_cache .ruff_cache

@@ -1,5 +1,5 @@
-# Shared by the scripts that build the side venvs (evals/debug_gym/setup_env.sh,
-# server_adapter/sglang/setup_env.sh). Source it after setting `venv` and defining `say`.
+# Shared by the scripts that build the side venvs (scripts/debug_gym/setup_env.sh,
+# scripts/sglang/setup_env.sh). Source it after setting `venv` and defining `say`.
 
 # find_python VERSION OVERRIDE: OVERRIDE if set, else pyenv's VERSION, else pythonVERSION.
 find_python() {

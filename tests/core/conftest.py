@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from leyline.server_adapter.models import LoadedModel, load_model
+from leyline.engine.models import LoadedModel, load_model
 
 
 @pytest.fixture(scope="session")

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from leyline.core.batch import common_prefix
+from leyline.engine.sampling import SamplingParams
 from leyline.protocol import ErrorCode, FallbackReason, LeylineError
 from leyline.protocol.algebra import Edit, apply_edits
 from leyline.protocol.directives import Mode
-from leyline.server_adapter.core.batch import common_prefix
-from leyline.server_adapter.http.turns import OnToken
-from leyline.server_adapter.sampling import SamplingParams
-from leyline.server_adapter.sglang.backend import BlockSource, SchedulerAnswer
-from leyline.server_adapter.sglang.runner import Generated
+from leyline.serve.turns import OnToken
+from leyline.sglang.backend import BlockSource, SchedulerAnswer
+from leyline.sglang.runner import Generated
 
 
 class ScriptedScheduler:

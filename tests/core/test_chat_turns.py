@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 
+from leyline.core.openai_types import ChatCompletionRequest
+from leyline.engine.backend import EngineBackend
+from leyline.engine.engine import Engine
+from leyline.engine.models import LoadedModel
 from leyline.protocol import ErrorCode, LeylineError, Limits
-from leyline.server_adapter.engine import Engine
-from leyline.server_adapter.engine_backend import EngineBackend
-from leyline.server_adapter.http.engine_runner import EngineRunner
-from leyline.server_adapter.http.openai_types import ChatCompletionRequest
-from leyline.server_adapter.http.service import LeylineService
-from leyline.server_adapter.http.settings import ServerSettings
-from leyline.server_adapter.models import LoadedModel
-from leyline.server_adapter.sglang.backend import SglangBackend
-from leyline.server_adapter.sglang.runner import SglangRunner
+from leyline.serve.engine_runner import EngineRunner
+from leyline.serve.service import LeylineService
+from leyline.serve.settings import ServerSettings
+from leyline.sglang.backend import SglangBackend
+from leyline.sglang.runner import SglangRunner
 
 from .scripted_scheduler import ScriptedGenerator, ScriptedScheduler
 

@@ -15,6 +15,11 @@ from typing import Any
 
 import pytest
 
+from leyline.core.service import SessionService
+from leyline.core.sessions import SessionStore
+from leyline.engine.backend import EngineBackend
+from leyline.engine.engine import Engine
+from leyline.engine.models import LoadedModel
 from leyline.protocol import ErrorCode, LeylineError, Limits, Path, Verb
 from leyline.protocol.algebra import Edit, apply_edits
 from leyline.protocol.directives import (
@@ -31,12 +36,7 @@ from leyline.protocol.resources import (
     skill_content_hash,
 )
 from leyline.protocol.spans import MessageAnchor, TokenSpan
-from leyline.server_adapter.core.service import SessionService
-from leyline.server_adapter.core.sessions import SessionStore
-from leyline.server_adapter.engine import Engine
-from leyline.server_adapter.engine_backend import EngineBackend
-from leyline.server_adapter.models import LoadedModel
-from leyline.server_adapter.sglang.backend import SglangBackend
+from leyline.sglang.backend import SglangBackend
 
 from .scripted_scheduler import ScriptedScheduler
 
@@ -333,7 +333,7 @@ def test_an_anchored_skill_is_kept_with_its_anchor_or_refused_with_nothing_kept(
 def test_an_anchor_is_unsupported_where_keys_cannot_be_rotated() -> None:
     """Dynamic NTK RoPE: an anchored block's keys cannot be turned back to position 0, so
     the capabilities say ``skill_anchors: false`` and an anchor is ``unsupported_option``."""
-    from tests.server_adapter._helpers import tiny_llama
+    from tests.engine._helpers import tiny_llama
 
     engine = Engine(tiny_llama({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}))
     backend = EngineBackend(engine, limits=Limits(), model_name="tiny-dynamic")
@@ -355,7 +355,7 @@ def test_an_anchor_is_unsupported_where_keys_cannot_be_rotated() -> None:
 def test_labels_of_skills_the_store_evicted_are_dropped() -> None:
     """The skill store evicts on its own under its byte budget; the backend's labels (name,
     description) must go with the skills, or they grow with every id ever registered."""
-    from tests.server_adapter._helpers import tiny_llama
+    from tests.engine._helpers import tiny_llama
 
     engine = Engine(tiny_llama({"rope_type": "default", "rope_theta": 10000.0}))
     # A budget of about one three-token skill: each registration evicts the one before.

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from leyline.core.service import SessionService
+from leyline.core.sessions import Evicted, SessionStore
 from leyline.protocol import Capabilities, ErrorCode, LeylineError, Limits
 from leyline.protocol.resources import SessionCreate
-from leyline.server_adapter.core.service import SessionService
-from leyline.server_adapter.core.sessions import Evicted, SessionStore
-from leyline.server_adapter.sglang.backend import SglangBackend, SglangSession
+from leyline.sglang.backend import SglangBackend, SglangSession
 
 from .scripted_scheduler import ScriptedScheduler
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from leyline.core.service import SessionService
+from leyline.core.sessions import DEFAULT_TENANT, SessionStore
 from leyline.protocol import Limits, Path
 from leyline.protocol.directives import ComposeDirective, ForgetDirective, SpliceDirective
 from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCreate
 from leyline.protocol.spans import TokenSpan
-from leyline.server_adapter.core.service import SessionService
-from leyline.server_adapter.core.sessions import DEFAULT_TENANT, SessionStore
-from leyline.server_adapter.sglang.backend import SglangBackend
+from leyline.sglang.backend import SglangBackend
 
 from .scripted_scheduler import ScriptedScheduler
 

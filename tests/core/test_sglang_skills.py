@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from leyline.core.backend import SkillLabel
 from leyline.protocol import ErrorCode, LeylineError
-from leyline.server_adapter.core.backend import SkillLabel
-from leyline.server_adapter.sglang.skill_store import SkillHolds
+from leyline.sglang.skill_store import SkillHolds
 
 from .scripted_scheduler import ScriptedScheduler
 

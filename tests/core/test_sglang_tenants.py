@@ -19,13 +19,13 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from leyline.core.service import SessionService
+from leyline.core.sessions import SessionStore
 from leyline.protocol import Limits, Path
 from leyline.protocol.directives import ComposeDirective
 from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCreate
-from leyline.server_adapter.core.service import SessionService
-from leyline.server_adapter.core.sessions import SessionStore
-from leyline.server_adapter.sglang.backend import SglangBackend
-from leyline.server_adapter.sglang.tenant_keys import TenantKeys, tenants_from_env
+from leyline.sglang.backend import SglangBackend
+from leyline.sglang.tenant_keys import TenantKeys, tenants_from_env
 
 from .scripted_scheduler import ScriptedScheduler
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from leyline.core.spans import remap_spans
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 from leyline.protocol.spans import MessageSpan, TokenSpan
-from leyline.server_adapter.core.spans import remap_spans
 
 A = Mode.amortize
 SPANS = (

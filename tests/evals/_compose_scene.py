@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from leyline.server_adapter.engine import Engine
-from leyline.server_adapter.models import build_tiny_mla
-from leyline.server_adapter.session import SessionCache
-from leyline.server_adapter.skills import Skill, compile_skill
+from leyline.engine.edits.skills import Skill, compile_skill
+from leyline.engine.engine import Engine
+from leyline.engine.models import build_tiny_mla
+from leyline.engine.session import SessionCache
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,11 @@ import pytest
 import torch
 
 from leyline.cli.main import main
+from leyline.engine.edits.skills import compile_skill
+from leyline.engine.engine import Engine
+from leyline.engine.models import build_tiny_mla, load_model
+from leyline.engine.rope import delta_rotate
+from leyline.engine.session import SessionCache
 from leyline.evals.compose.anchor import anchor_text
 from leyline.evals.compose.arms import attention_mode, timed_compose, unrotated
 from leyline.evals.compose.cases import (
@@ -29,11 +34,6 @@ from leyline.evals.compose.cases import (
 from leyline.evals.compose.contexts import _SYSTEMS, _TURNS
 from leyline.evals.compose.run import ComposeOptions, skill_budget
 from leyline.evals.compose.texts import KINDS
-from leyline.server_adapter.engine import Engine
-from leyline.server_adapter.models import build_tiny_mla, load_model
-from leyline.server_adapter.rope import delta_rotate
-from leyline.server_adapter.session import SessionCache
-from leyline.server_adapter.skills import compile_skill
 
 FILES = ("report.json", "report.md", "ttft.png", "kl_by_k.png")
 

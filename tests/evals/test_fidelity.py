@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from leyline.cli.main import main
+from leyline.engine.models import load_model
 from leyline.evals.fidelity.drift import ARMS, PATTERNS
 from leyline.evals.fidelity.measures import kl
 from leyline.evals.fidelity.prompts import make_prompt, make_prompts
 from leyline.evals.fidelity.tokens import tokenize
-from leyline.server_adapter.models import load_model
 
 PLOTS = ("key_error.png", "drift.png", "kl_hist.png")
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from leyline.cli.main import main
+from leyline.engine.models import load_model
 from leyline.evals.compose.measures import Agreement
 from leyline.evals.memory.arms import (
     EARLY,
@@ -32,7 +33,6 @@ from leyline.evals.memory.plots import plot_accuracy_vs_cost
 from leyline.evals.memory.profiles import FIELD_BY_KEY, FIELDS, make_profile, update
 from leyline.evals.memory.summary import arm_rows, by_length, setup
 from leyline.evals.memory.trajectory import make_trajectory
-from leyline.server_adapter.models import load_model
 
 FILES = ("report.json", "report.md", "accuracy_vs_cost.png")
 

@@ -158,7 +158,7 @@ class Counting(RandomSource):
 
 
 def test_the_fuzzer_draws_the_same_whatever_the_sessions_hold() -> None:
-    # Hypothesis (tests/server/test_fuzz.py) needs the same draws for the same choices.
+    # Hypothesis (tests/serve/test_fuzz.py) needs the same draws for the same choices.
     small = {"session": "fz-0", "revision": 1, "num_tokens": 3, "tokens": [1, 2, 3], "spans": []}
     big = small | {"revision": 90, "num_tokens": 300, "tokens": list(range(300)),
                    "spans": [{"message": i} for i in range(4)]}  # fmt: skip
@@ -209,7 +209,7 @@ def test_isolation_checks_against_a_live_leyline_serve(tmp_path: Path) -> None:
     transformers reference, cross-salt, cross-tenant; the rest asked away is n/a."""
     from leyline.evals.robustness.run import Options, run_robustness
     from leyline.evals.robustness.server import ServerLimits, serve
-    from leyline.server_adapter.sglang.live_models import smollm2_dir
+    from leyline.sglang.live_models import smollm2_dir
 
     model_dir = smollm2_dir()
     with serve(tmp_path, ServerLimits()) as served:

@@ -2,7 +2,7 @@
 
 Run them in the debug-gym venv (Python 3.12), from the repository root::
 
-    bash evals/debug_gym/setup_env.sh
+    bash scripts/debug_gym/setup_env.sh
     .venv-debuggym/bin/python -m pytest -p no:cacheprovider tests/evals_debug_gym
 
 Collected by an interpreter without debug_gym (the main 3.11 venv), the module that
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HAS_DEBUG_GYM = importlib.util.find_spec("debug_gym") is not None
 collect_ignore = [] if HAS_DEBUG_GYM else ["test_scripted_runs.py"]
 NEEDS_DEBUG_GYM = (
-    "needs debug_gym: bash evals/debug_gym/setup_env.sh, then "
+    "needs debug_gym: bash scripts/debug_gym/setup_env.sh, then "
     ".venv-debuggym/bin/python -m pytest tests/evals_debug_gym"
 )
 

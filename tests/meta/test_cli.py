@@ -102,8 +102,8 @@ def test_serve_keeps_freed_memory_unless_told_not_to(
     its splices and generations reuse mapped KV buffers; ``--release-freed-memory`` opts out."""
     pytest.importorskip("fastapi")
     from leyline.cli.main import main
-    from leyline.server_adapter import allocator
-    from leyline.server_adapter.http import serve
+    from leyline.engine.kv import allocator
+    from leyline.serve import serve
 
     calls: list[str] = []
 

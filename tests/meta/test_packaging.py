@@ -1,27 +1,35 @@
-"""Every Python package folder of a layer ships in the wheel (setuptools lists them by hand)."""
+"""Every folder of Python code under src/leyline ships in the wheel: setuptools finds only
+folders with an ``__init__.py``, so one without it would silently be left out."""
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
 
+from setuptools import find_packages
+
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = {
-    "cli": "cli",
-    "protocol": "protocol",
-    "policies": "policies",
-    "server_adapter": "server_adapter",
-    "evals": "evals",
-}
+SRC = ROOT / "src"
 
 
-def test_every_package_folder_is_listed_in_pyproject() -> None:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    listed = set(config["packages"])
-    found = {
-        "leyline." + ".".join((layer, *init.parent.relative_to(ROOT / folder).parts))
-        for layer, folder in LAYERS.items()
-        for init in (ROOT / folder).rglob("__init__.py")
+def test_every_code_folder_is_a_package_setuptools_finds() -> None:
+    found = set(find_packages(str(SRC)))
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    data_dirs = {
+        f"{package}.{pattern.split('/')[0]}"
+        for package, patterns in data["package-data"].items()
+        for pattern in patterns
+        if "/" in pattern
     }
-    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
-    assert listed - found == set(), "pyproject lists packages that do not exist"
+    code = {
+        ".".join(py.parent.relative_to(SRC).parts)
+        for py in SRC.rglob("*.py")
+        if "__pycache__" not in py.parts
+    }
+    missing = {
+        folder
+        for folder in code - found
+        if not any(folder == d or folder.startswith(d + ".") for d in data_dirs)
+    }
+    assert missing == set(), "add an __init__.py to these folders"
+    assert {"leyline.engine.cpu", "leyline.sglang", "leyline.serve"} <= found

@@ -4,7 +4,7 @@ conversations, streaming with directives, the verbs in the records.
 Servers: ``compose_server``, a SCRIPTED Leyline server on the toy rendering (it checks that
 every batch turns its cache into the request's tokens), and ``plain_server``, a stand-in
 for any OpenAI server. No model, no torch; the real-server run is
-``tests/server/test_sdk_wrapper.py``.
+``tests/serve/test_sdk_wrapper.py``.
 """
 
 from __future__ import annotations

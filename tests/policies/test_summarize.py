@@ -4,7 +4,7 @@ The summaries here come from DETERMINISTIC stand-ins, never a model: a scripted 
 function for the policy alone, and for the wrappers the scripted servers of this folder
 (``plain_server``: any OpenAI server; ``compose_server``: a Leyline server on the toy
 rendering), whose every reply is ``reply N``. A real-model run is in
-``tests/server/test_sdk_wrapper.py``.
+``tests/serve/test_sdk_wrapper.py``.
 """
 
 from __future__ import annotations

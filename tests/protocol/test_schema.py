@@ -15,7 +15,7 @@ from .test_directives import EXAMPLES
 
 def test_checked_in_schema_matches_the_models() -> None:
     assert checked_in_schema() == render_schema(), (
-        "protocol/schemas/leyline.v1.schema.json is stale: run `leyline schema --write`"
+        "src/leyline/protocol/schemas/leyline.v1.schema.json is stale: run `leyline schema --write`"
     )
 
 

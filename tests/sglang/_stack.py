@@ -18,10 +18,10 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-from leyline.server_adapter.sglang.executor import SpliceExecutor
-from leyline.server_adapter.sglang.kv_rows import kv_rows_for
-from leyline.server_adapter.sglang.rope_source import band_of
-from leyline.server_adapter.sglang.tree_ops import TreeOps
+from leyline.sglang.executor import SpliceExecutor
+from leyline.sglang.kv_rows import kv_rows_for
+from leyline.sglang.rope_source import band_of
+from leyline.sglang.tree_ops import TreeOps
 
 TreeKind = Literal["legacy", "unified-rust", "unified-python"]
 TREE_KINDS: tuple[TreeKind, ...] = ("legacy", "unified-rust", "unified-python")

@@ -2,7 +2,7 @@
 
 Run them in the plugin's own environment (SGLang pins its own torch and transformers)::
 
-    bash server_adapter/sglang/setup_env.sh
+    bash scripts/sglang/setup_env.sh
     .venv-sglang/bin/python -m pytest -p no:cacheprovider tests/sglang
 
 Collected by an interpreter without sglang (the main venv), nothing here is collected.

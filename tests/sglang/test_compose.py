@@ -21,10 +21,10 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from leyline.protocol.algebra import Edit
 from leyline.protocol.errors import ErrorCode, LeylineError
-from leyline.server_adapter.sglang.backend import BlockSource
-from leyline.server_adapter.sglang.scheduler_side import HELD_SHARE, handle
-from leyline.server_adapter.sglang.tree_ops import TreeOps
-from leyline.server_adapter.sglang.wire import to_wire
+from leyline.sglang.backend import BlockSource
+from leyline.sglang.scheduler_side import HELD_SHARE, handle
+from leyline.sglang.tree_ops import TreeOps
+from leyline.sglang.wire import to_wire
 
 from ._stack import LAYERS, LORA, TREE_KINDS, Stack, TreeKind, build, free_slot_count, rope_at
 from .test_splice_mla import _bf16_pair_ulp

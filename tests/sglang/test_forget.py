@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leyline.server_adapter.sglang.forget import forget_after
-from leyline.server_adapter.sglang.tree_ops import TreeOps
+from leyline.sglang.forget import forget_after
+from leyline.sglang.tree_ops import TreeOps
 
 from ._stack import TREE_KINDS, Stack, TreeKind, build, free_slot_count
 

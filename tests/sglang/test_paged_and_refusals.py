@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from leyline.core.errors import SpliceUnsupportedError
 from leyline.protocol.algebra import Edit
 from leyline.protocol.errors import ErrorCode, LeylineError
 from leyline.protocol.fallback import FallbackReason
-from leyline.server_adapter.errors import SpliceUnsupportedError
-from leyline.server_adapter.sglang.tree_ops import TreeOps
+from leyline.sglang.tree_ops import TreeOps
 
 from ._stack import LORA, TREE_KINDS, TreeKind, build, free_slot_count
 
@@ -163,8 +163,8 @@ def test_hierarchical_cache_is_refused() -> None:
 def test_fp8_pool_is_refused() -> None:
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
 
-    from leyline.server_adapter.sglang.kv_rows import kv_rows_for
-    from leyline.server_adapter.sglang.rope_source import band_of
+    from leyline.sglang.kv_rows import kv_rows_for
+    from leyline.sglang.rope_source import band_of
 
     from ._stack import deepseek_rope
 

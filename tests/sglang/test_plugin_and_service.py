@@ -16,28 +16,18 @@ from typing import Any
 import pytest
 import torch
 
+from leyline.core.service import SessionService
+from leyline.core.sessions import DEFAULT_TENANT, SessionStore
 from leyline.protocol import ErrorCode, FallbackReason, LeylineError, Limits, Path
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import ComposeDirective, ForgetDirective, SpliceDirective
 from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCreate
 from leyline.protocol.spans import TokenSpan
-from leyline.server_adapter.core.service import SessionService
-from leyline.server_adapter.core.sessions import DEFAULT_TENANT, SessionStore
-from leyline.server_adapter.sglang import plugin
-from leyline.server_adapter.sglang.backend import (
-    BlockSource,
-    SchedulerAnswer,
-    SglangBackend,
-    checked,
-)
-from leyline.server_adapter.sglang.scheduler_side import handle
-from leyline.server_adapter.sglang.tree_ops import TreeOps
-from leyline.server_adapter.sglang.wire import (
-    LeylineSpliceReqInput,
-    LeylineSpliceReqOutput,
-    from_wire,
-    to_wire,
-)
+from leyline.sglang import plugin
+from leyline.sglang.backend import BlockSource, SchedulerAnswer, SglangBackend, checked
+from leyline.sglang.scheduler_side import handle
+from leyline.sglang.tree_ops import TreeOps
+from leyline.sglang.wire import LeylineSpliceReqInput, LeylineSpliceReqOutput, from_wire, to_wire
 
 from ._stack import Stack, build
 from .test_splice_mla import _prefill_extension
@@ -50,7 +40,7 @@ def test_plugin_loads_through_the_entry_point() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     (ep,) = [e for e in md.entry_points(group=GENERAL_PLUGINS_GROUP) if e.name == "leyline"]
-    assert ep.value == "leyline.server_adapter.sglang.plugin:register"
+    assert ep.value == "leyline.sglang.plugin:register"
     loaded = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
     func, _dist = loaded["leyline"]
     assert func is plugin.register

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from leyline.protocol.algebra import Edit
-from leyline.server_adapter.sglang.tree_ops import TreeOps
+from leyline.sglang.tree_ops import TreeOps
 
 from ._stack import LAYERS, LORA, TREE_KINDS, Stack, TreeKind, build, free_slot_count, rope_at
 

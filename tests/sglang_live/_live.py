@@ -17,7 +17,7 @@ from leyline.protocol.algebra import Edit
 from leyline.protocol.resources import Routes
 
 if TYPE_CHECKING:
-    from leyline.server_adapter.engine import Engine
+    from leyline.engine.engine import Engine
 
 TOP = 20
 TOLERANCE = 1e-3
@@ -156,7 +156,7 @@ def reference_logprobs(
 ) -> torch.Tensor:
     """The reference engine's next-token logprobs after prefilling ``tokens`` and applying
     ``edits`` (a splice rotates the downstream KV; a forget re-prefills), float64."""
-    from leyline.server_adapter.session import SessionCache
+    from leyline.engine.session import SessionCache
 
     session = SessionCache(engine)  # standalone: no prefix cache, nothing shared
     session.prefill(tokens)

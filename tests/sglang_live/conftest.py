@@ -6,7 +6,7 @@ for GQA, a tiny DeepSeek-V2 for MLA), runs these tests against each, and stops i
 
     export LEYLINE_LIVE_ROTATION_OFF_FLAG=RUN_DIR/rotation-off   # server and tests alike
     export LEYLINE_LIVE_SHARED_SPLICE_FLAG=RUN_DIR/shared-splice
-    bash server_adapter/sglang/live_server.sh start RUN_DIR MODEL_DIR PORT
+    bash scripts/sglang/live_server.sh start RUN_DIR MODEL_DIR PORT
     LEYLINE_SGLANG_URL=http://127.0.0.1:PORT LEYLINE_SGLANG_MODEL=MODEL_DIR \\
         .venv/bin/python -m pytest tests/sglang_live
 
@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 if TYPE_CHECKING:
-    from leyline.server_adapter.engine import Engine
+    from leyline.engine.engine import Engine
 
 URL = os.environ.get("LEYLINE_SGLANG_URL", "")
 collect_ignore_glob = [] if URL else ["test_*.py"]
@@ -41,8 +41,8 @@ def server() -> Iterator[httpx.Client]:
 @pytest.fixture(scope="session")
 def reference() -> Engine:
     """The reference engine on the same weights as the server (fp32)."""
-    from leyline.server_adapter.engine import Engine
-    from leyline.server_adapter.models import load_model
+    from leyline.engine.engine import Engine
+    from leyline.engine.models import load_model
 
     model = os.environ.get("LEYLINE_SGLANG_MODEL")
     if not model:

@@ -18,7 +18,7 @@ from ..server.conversation import TOOLS, turn1
 from ._live import TOLERANCE, record
 
 if TYPE_CHECKING:
-    from leyline.server_adapter.engine import Engine
+    from leyline.engine.engine import Engine
 
 STUB = "[evicted: read_file output]"
 
@@ -57,9 +57,9 @@ def test_chat_with_an_anchored_splice_matches_the_reference(
     """Turn 1 creates the session; turn 2 comes back as an extension (a prefix hit); turn 3
     splices the tool output by message anchor in the same request and asks with logprobs:
     the plugin reports a splice, and the distribution equals the reference engine's."""
+    from leyline.engine.session import SessionCache
     from leyline.protocol import SpliceDirective
     from leyline.protocol.spans import MessageSpan
-    from leyline.server_adapter.session import SessionCache
 
     sid = f"chat-{uuid.uuid4().hex[:8]}"
     messages = turn1()

@@ -35,7 +35,7 @@ from ._live import (
 )
 
 if TYPE_CHECKING:
-    from leyline.server_adapter.engine import Engine
+    from leyline.engine.engine import Engine
 
 SEAM = 4
 RULES = (
@@ -60,8 +60,8 @@ def _turn_top(server: httpx.Client, session: str, tokens: list[int]) -> tuple[di
 def test_compose_matches_the_reference_compose_and_stays_private(
     server: httpx.Client, reference: Engine, report_path: Path | None
 ) -> None:
-    from leyline.server_adapter.session import SessionCache
-    from leyline.server_adapter.skills import compile_skill
+    from leyline.engine.edits.skills import compile_skill
+    from leyline.engine.session import SessionCache
 
     tokens = list(reference.encode(prompt_text("compose")))
     skill = list(reference.encode(f"{RULES} (rule set {uuid.uuid4().hex[:6]})"))
@@ -148,8 +148,8 @@ def test_composes_under_load_leak_nothing(
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    from leyline.server_adapter.session import SessionCache
-    from leyline.server_adapter.skills import compile_skill
+    from leyline.engine.edits.skills import compile_skill
+    from leyline.engine.session import SessionCache
 
     from .test_load import _idle_used_tokens
 

@@ -37,7 +37,7 @@ from ._live import (
 )
 
 if TYPE_CHECKING:
-    from leyline.server_adapter.engine import Engine
+    from leyline.engine.engine import Engine
 
 CUT = 40  # tokens removed from the middle of the prompt
 STUB = " [tool output removed]"
@@ -117,7 +117,7 @@ def test_tokens_appended_after_a_splice_see_its_last_token_recomputed(
     """Protocol 3.1: a moved last token is recomputed in its new context before anything
     follows it, also when the next request appends. The plugin leaves that token out of the
     tree, so the generate of the longer prompt computes it; equal to the reference."""
-    from leyline.server_adapter.session import SessionCache
+    from leyline.engine.session import SessionCache
 
     tokens = list(reference.encode(prompt_text("splice-append")))
     session, base = create_session(server, tokens)

@@ -36,7 +36,7 @@ from ._live import (
 )
 
 if TYPE_CHECKING:
-    from leyline.server_adapter.engine import Engine
+    from leyline.engine.engine import Engine
 
 CUT = 40
 STUB = " [tool output removed]"

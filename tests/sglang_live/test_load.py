@@ -57,7 +57,7 @@ from ._live import (
 )
 
 if TYPE_CHECKING:
-    from leyline.server_adapter.engine import Engine
+    from leyline.engine.engine import Engine
 
 CLIENTS = 4
 ROUNDS = 2
@@ -205,7 +205,7 @@ def _decode(url: str, prompt: list[int], stop: threading.Event) -> int:
 
 def _replayed(engine: Engine, log: ClientLog) -> torch.Tensor:
     """The reference engine's next-token logprobs after the same edits, one at a time."""
-    from leyline.server_adapter.session import SessionCache
+    from leyline.engine.session import SessionCache
 
     session = SessionCache(engine)
     session.prefill(log.initial)

@@ -20,7 +20,7 @@ from ..server.conversation import TOOLS, turn1
 from ._live import TOLERANCE, generate, max_delta, record, reference_logprobs
 
 if TYPE_CHECKING:
-    from leyline.server_adapter.engine import Engine
+    from leyline.engine.engine import Engine
 
 
 def _session(server: httpx.Client, sid: str) -> dict[str, Any]:

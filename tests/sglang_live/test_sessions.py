@@ -15,7 +15,7 @@ from leyline.protocol.resources import Routes
 from ._live import apply, create_session, prompt_text, session_tokens
 
 if TYPE_CHECKING:
-    from leyline.server_adapter.engine import Engine
+    from leyline.engine.engine import Engine
 
 
 def test_session_create_get_delete(server: httpx.Client, reference: Engine) -> None:

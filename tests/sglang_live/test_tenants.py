@@ -20,7 +20,7 @@ from leyline.protocol.resources import Routes
 from ._live import generate, prompt_text
 
 if TYPE_CHECKING:
-    from leyline.server_adapter.engine import Engine
+    from leyline.engine.engine import Engine
 
 KEYS = os.environ.get("LEYLINE_API_KEYS_FILE", "")
 

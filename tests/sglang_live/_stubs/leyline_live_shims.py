@@ -39,7 +39,7 @@ def _route_torch_native_to_mla() -> None:
 def _install_rotation_switch(flag: str) -> None:
     # The plugin's one rotation point (every KV row copy goes through it). If it is renamed
     # this raises at server start, and the negative-control test then fails loudly.
-    from leyline.server_adapter.sglang import kv_rows
+    from leyline.sglang import kv_rows
 
     rotated = kv_rows._rotated_rows
 
@@ -52,7 +52,7 @@ def _install_rotation_switch(flag: str) -> None:
 def _install_shared_splice_switch(flag: str) -> None:
     # The backend's one choice of where approximate KV is built (API server process). If it
     # is renamed this raises at server start, and the mutant test then fails loudly.
-    from leyline.server_adapter.sglang import backend
+    from leyline.sglang import backend
 
     private = backend.private_namespace
 

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Start or stop one live SGLang 0.5.23 server with the Leyline plugin loaded: on CPU (the
+# default), or on a GPU with LEYLINE_SGLANG_DEVICE=cuda (a user's SGLang install; see below).
+#
+#   bash scripts/sglang/live_server.sh start RUN_DIR MODEL_DIR PORT [LAUNCH_FLAG...]
+#   bash scripts/sglang/live_server.sh stop RUN_DIR
+#
+# `start` launches `python -m sglang.launch_server` on 127.0.0.1:PORT in its own process
+# group, writes RUN_DIR/server.pid and RUN_DIR/server.log, and returns once the server
+# answers a generate (at most LEYLINE_SGLANG_START_TIMEOUT s, default 300); on timeout or
+# early exit it prints the log's tail, stops the server and fails. `stop` ends that process
+# group (TERM, then KILL after 20 s). No GPU, no sgl_kernel: every fused op runs its
+# forward_native. The venv is scripts/sglang/setup_env.sh's (.venv-sglang).
+#
+# Test-only stand-ins go on the server's PYTHONPATH, never into site-packages: torchvision
+# (tests/sglang/_stubs) and vllm._custom_ops plus a small test plugin (tests/sglang_live/
+# _stubs: torch_native -> absorbed MLA path, and the rotation-off switch read from the file
+# named by LEYLINE_LIVE_ROTATION_OFF_FLAG, if that is set). See docs/sglang.md, "Live on CPU".
+#
+# LEYLINE_SGLANG_DEVICE=cuda: SGLang's GPU defaults plus fp32 on the triton attention backend
+# (the live tests compare against the reference engine in fp32), in the venv named by
+# LEYLINE_SGLANG_VENV (sglang==0.5.23 with its CUDA stack, and `pip install -e .` of this
+# repository); only the test plugin goes on the path (the CPU stand-ins would shadow real
+# packages there).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+venv=${LEYLINE_SGLANG_VENV:-$root/.venv-sglang}
+device=${LEYLINE_SGLANG_DEVICE:-cpu}
+start_timeout=${LEYLINE_SGLANG_START_TIMEOUT:-300}
+say() { printf '[sglang live] %s\n' "$*"; }
+
+stop() {
+  local run=$1 pid
+  [[ -f $run/server.pid ]] || return 0
+  pid=$(cat "$run/server.pid")
+  # The server's processes (HTTP, scheduler, detokenizer) share the group led by $pid.
+  if kill -TERM -- "-$pid" 2>/dev/null; then
+    for _ in $(seq 40); do
+      kill -0 -- "-$pid" 2>/dev/null || break
+      sleep 0.5
+    done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    say "stopped server pid $pid"
+  fi
+  rm -f "$run/server.pid"
+}
+
+# ready URL: a 1-token generate answers (the HTTP port opens before the model is loaded).
+ready() {
+  curl -sf -m 30 "$1/generate" -H 'content-type: application/json' \
+    -d '{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}' >/dev/null
+}
+
+start() {
+  local run=$1 model=$2 port=$3
+  shift 3
+  mkdir -p "$run"
+  [[ ! -f $run/server.pid ]] || { say "a server is already recorded in $run" >&2; exit 1; }
+  local stubs flags
+  case $device in
+    cpu)
+      stubs="$root/tests/sglang/_stubs:$root/tests/sglang_live/_stubs"
+      # SGLANG_USE_CPU_ENGINE stays unset: it selects SGLang's AMX engine (sgl_kernel).
+      flags=(--device cpu --attention-backend torch_native
+        --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled
+        --dtype float32 --mem-fraction-static 0.1 --max-total-tokens 12288 --sleep-on-idle) ;;
+    cuda)
+      stubs="$run/plugin-path"
+      mkdir -p "$stubs"
+      ln -sf "$root/tests/sglang_live/_stubs/leyline_live_shims.py" \
+        "$root/tests/sglang_live/_stubs/leyline_live_shims-0.0.0.dist-info" "$stubs/"
+      flags=(--device cuda --attention-backend triton --dtype float32
+        --mem-fraction-static 0.3) ;;
+    *) say "LEYLINE_SGLANG_DEVICE must be cpu or cuda, not $device" >&2; exit 2 ;;
+  esac
+  PYTHONPATH="$stubs${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    setsid "$venv/bin/python" -m sglang.launch_server --model-path "$model" \
+    --host 127.0.0.1 --port "$port" "${flags[@]}" --enable-cache-report \
+    --log-level info "$@" </dev/null >"$run/server.log" 2>&1 &
+  echo $! >"$run/server.pid"
+  say "starting $(basename "$model") on $device, 127.0.0.1:$port (pid $!, log $run/server.log)"
+  local t0=$SECONDS url=http://127.0.0.1:$port
+  until ready "$url"; do
+    if ! kill -0 "$(cat "$run/server.pid")" 2>/dev/null; then
+      tail -n 40 "$run/server.log" >&2
+      say "the server exited during start" >&2
+      rm -f "$run/server.pid"
+      exit 1
+    fi
+    if ((SECONDS - t0 >= start_timeout)); then
+      tail -n 40 "$run/server.log" >&2
+      say "not ready after $start_timeout s" >&2
+      stop "$run"
+      exit 1
+    fi
+    sleep 2
+  done
+  say "ready after $((SECONDS - t0)) s: $url"
+}
+
+case ${1:-} in
+  start) (($# >= 4)) || { echo "usage: $0 start RUN_DIR MODEL_DIR PORT [FLAG...]" >&2; exit 2; }
+    shift; start "$@" ;;
+  stop) (($# == 2)) || { echo "usage: $0 stop RUN_DIR" >&2; exit 2; }
+    stop "$2" ;;
+  *) echo "usage: $0 start RUN_DIR MODEL_DIR PORT [FLAG...] | stop RUN_DIR" >&2; exit 2 ;;
+esac

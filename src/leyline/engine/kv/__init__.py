@@ -1,0 +1,1 @@
+"""KV storage: cache layouts, token blocks, the shared prefix cache and its memory."""

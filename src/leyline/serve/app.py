@@ -1,0 +1,88 @@
+"""The FastAPI application: OpenAI-compatible routes, Leyline resources, health, metrics."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+
+from leyline.core.routes import leyline_router
+from leyline.engine.engine import Engine
+from leyline.protocol import PROTOCOL_VERSION
+from leyline.serve.access import Access
+from leyline.serve.engine_runner import EngineRunner, ServedBackend
+from leyline.serve.errors import BodyLimit, HeadAsGet, install_error_handlers
+from leyline.serve.jobs import ClientGone
+from leyline.serve.routes_openai import openai_router
+from leyline.serve.service import Cancelled, LeylineService
+from leyline.serve.settings import ServerSettings
+
+CLIENT_CLOSED = 499
+"""The status of a request whose client left before its model work started."""
+
+
+def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAPI:
+    settings = settings or ServerSettings()
+    name = settings.served_model_name or engine.loaded.name
+    # Tenants: the access layer below maps each API key to one (access.py).
+    backend = ServedBackend(
+        engine,
+        limits=settings.limits,
+        model_name=name,
+        tenants=True,
+        max_jobs=settings.max_running_jobs,
+        max_batch=settings.max_decode_batch,
+        decode_share=settings.decode_share,
+        schedule=settings.schedule,
+        schedule_aging=settings.schedule_aging,
+        inline_decode=settings.inline_decode,
+    )
+    service = LeylineService(backend, EngineRunner(backend), settings, model_name=name)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        backend.shutdown()
+
+    app = FastAPI(
+        lifespan=lifespan,
+        # No trailing-slash redirects: an unknown path is a 404 with the protocol's body,
+        # never an empty 307 (session ids are path segments).
+        redirect_slashes=False,
+        title="Leyline",
+        version=PROTOCOL_VERSION,
+        description="OpenAI-compatible serving with KV-cache directives (splice, forget, "
+        "erratum). See docs/protocol.md.",
+    )
+    app.state.service = service
+    app.state.engine = engine
+    install_error_handlers(app)
+
+    @app.exception_handler(Cancelled)
+    async def _client_left(_: Request, exc: Cancelled) -> Response:
+        # Nobody reads this answer; 499 (nginx's "client closed request") counts it apart.
+        return Response(status_code=CLIENT_CLOSED)
+
+    app.include_router(openai_router(service))
+    app.include_router(leyline_router(service.core))
+
+    @app.get("/health", tags=["Operations"])
+    async def health() -> dict[str, object]:
+        # Open to anyone: says nothing about sessions (their count is in /metrics, keyed).
+        return {"status": "ok", "model": service.model_name}
+
+    @app.get("/metrics", tags=["Operations"])
+    async def metrics() -> Response:
+        service.metrics.sessions.set(len(service.sessions))
+        service.metrics.cache_bytes.set(service.sessions.total_bytes())
+        if engine.prefix_cache is not None:
+            service.metrics.prefix_cache_bytes.set(engine.prefix_cache.stats().bytes_used)
+        service.metrics.record_scheduler(backend.scheduler.stats())
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    app.add_middleware(ClientGone)
+    app.add_middleware(Access, tenants=settings.tenants_by_key(), metrics=service.metrics)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HeadAsGet)  # outermost: Access counts a HEAD by its GET route
+    return app

@@ -1,0 +1,577 @@
+"""SGLang as a session-core backend: plans executed in the scheduler over a link.
+
+A session here is only its protocol state (tokens, revision, message spans): the KV lives
+in SGLang's radix tree, keyed by tokens, and an ordinary ``/generate`` with the session's
+tokens hits it. Executing a plan sends the edits to the scheduler (``scheduler_side``),
+which splices the tree's KV or purges it (FORGET); an inserted run with no KV yet is
+prefilled by a generate and the request repeated. The core has checked the plan whole
+(revision, spans, limits, tokens), so nothing here re-checks a protocol rule.
+
+**Namespaces** (protocol 3.1, 3.4): KV that is not the exact prefill of its tokens (kept
+downstream of a splice, a composed block) must serve only the session that made it. The
+tree is keyed by tokens, so such a build goes to a namespace of the session's own (a
+``cache_salt`` nobody else sends) and the session stays there; exact KV stays shared.
+
+Imports neither torch nor SGLang: the link is the only part that talks to SGLang
+(``tokenizer_side.TokenizerManagerLink``), so this logic runs in ``make test`` too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import uuid
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from leyline.core.backend import Rendered, SkillLabel
+from leyline.core.batch import EditPlan, SessionView, common_prefix
+from leyline.core.errors import SpliceUnsupportedError
+from leyline.core.lineage import Lineages
+from leyline.core.report import OpReport
+from leyline.core.retention import MARKING_VERBS
+from leyline.core.sessions import DEFAULT_TENANT
+from leyline.protocol import (
+    PROTOCOL_VERSION,
+    Capabilities,
+    ErrorCode,
+    FallbackReason,
+    LeylineError,
+    Limits,
+    Path,
+    Verb,
+)
+from leyline.protocol.algebra import Edit, PositionMap
+from leyline.protocol.directives import Mode
+from leyline.protocol.resolve import SkillTokens
+from leyline.protocol.resources import Message, SkillInfo
+from leyline.protocol.spans import MessageSpan
+from leyline.sglang.skill_store import HeldSkill, SkillHolds
+
+if TYPE_CHECKING:
+    from leyline.core.chat.render import ChatRenderer
+    from leyline.core.openai_types import ChatMessage, ToolSpec
+
+logger = logging.getLogger(__name__)
+
+EXECUTED_VERBS = (Verb.splice, Verb.forget, Verb.erratum, Verb.compose)
+#: The cache layouts the scheduler side can rotate (``kv_rows``).
+LAYOUTS = ("mla", "gqa")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerAnswer:
+    """What the scheduler did with one request (the wire struct, without SGLang)."""
+
+    ok: bool
+    cached_tokens: int = 0
+    reused_tokens: int = 0
+    rotated_tokens: int = 0
+    pending_prefill: int | None = None
+    fallback_reason: str | None = None
+    """A protocol fallback reason: the splice did not run (or not all of it)."""
+    error_code: str | None = None
+    """A protocol error code: the scheduler refused the request."""
+    error_field: str | None = None
+    message: str = ""
+    released: tuple[str, ...] = ()
+    """``hold``: the held keys released to make room."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSource:
+    """A composed block in the new sequence, and the cached tokens its KV is read from."""
+
+    start: int
+    end: int
+    source: tuple[int, ...]
+    """The skill's tokens as the tree holds them (in ``salt``): anchor, then block."""
+    offset: int
+    """Where the block starts in ``source`` (the anchor's length)."""
+    seam: int
+    """Leading block tokens prefilled in context (``min(K, n)``)."""
+    salt: str | None = None
+    """The namespace the skill's tokens are cached in (its tenant's; None: public)."""
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self.source[self.offset :]
+
+
+class SchedulerLink(Protocol):
+    async def send(
+        self,
+        verb: str,
+        old_tokens: Sequence[int],
+        edits: Sequence[Edit],
+        *,
+        blocks: Sequence[BlockSource] = (),
+        old_salt: str | None = None,
+        new_salt: str | None = None,
+    ) -> SchedulerAnswer:
+        """Run ``splice`` or ``forget`` of ``edits`` on the cached ``old_tokens`` (in the
+        namespace ``old_salt``; a splice builds the new sequence in ``new_salt``'s)."""
+        ...
+
+    async def prefill(self, tokens: Sequence[int], salt: str | None = None) -> None:
+        """Run an ordinary generate over ``tokens`` so the tree caches them (under ``salt``)."""
+        ...
+
+    async def hold(
+        self,
+        key: str,
+        tokens: Sequence[int],
+        evictable: Sequence[str] = (),
+        salt: str | None = None,
+    ) -> tuple[int, tuple[str, ...]]:
+        """Lock what the tree holds of ``tokens`` (in ``salt``) under ``key`` (replacing that
+        key's lock), releasing keys of ``evictable`` (in order) if that makes room; returns how
+        many tokens are held and the keys released. Raises ``LeylineError(limit_exceeded)``,
+        changing nothing, when even releasing all of them leaves no room."""
+        ...
+
+    async def release(self, key: str) -> None:
+        """Let ``key``'s lock go."""
+        ...
+
+
+@dataclass
+class SglangSession:
+    """The handle: the protocol state only (the tree holds the KV, shared by tokens)."""
+
+    view: SessionView = field(default_factory=SessionView)
+    shared_salt: str | None = None
+    """The namespace the session shares with requests of its ``cache_salt`` (SGLang's own
+    ``cache_salt``: keys of different salts never share a tree node); None: the public one."""
+    private_salt: str | None = None
+    """The session's own namespace once it holds KV that is not a prefill of its tokens
+    (after a splice that kept downstream KV, or a compose): nobody else may match it."""
+
+    lineages: dict[str | None, Lineages] = field(default_factory=dict)
+    """Per namespace, the sequences the session had cached there (the tree keeps an earlier
+    revision's path past each edit, and a prompt that diverged), each with where its tokens
+    are now: a FORGET purges every one of them from where the forgotten tokens sit."""
+    abandoned: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    """Private namespaces the session left (a fallback's partial build), with the tokens
+    cached there: purged on close."""
+
+    @property
+    def salt(self) -> str | None:
+        """Where the session's KV is now."""
+        return self.private_salt or self.shared_salt
+
+    def cached(self, tokens: Sequence[int]) -> None:
+        """``tokens`` are now cached where the session's KV is."""
+        if tokens:
+            self.lineages.setdefault(self.salt, Lineages()).published(tokens)
+
+    def moved(self, position_map: PositionMap) -> None:
+        """An edit ran: every lineage's positions follow it."""
+        for lineages in self.lineages.values():
+            lineages.moved(position_map)
+
+    def realigned(self, old: Sequence[int], new: Sequence[int]) -> None:
+        """A prompt replaced the sequence (it diverged): positions follow a diff."""
+        for lineages in self.lineages.values():
+            lineages.realigned(old, new)
+
+
+class SglangBackend:
+    """``Backend[SglangSession]`` over one SGLang server's scheduler."""
+
+    def __init__(
+        self,
+        link: SchedulerLink,
+        tokenizer: Any | None,
+        *,
+        limits: Limits,
+        vocab_size: int,
+        model_name: str = "",
+        tenant_secret: bytes | None = None,
+    ) -> None:
+        self.link = link
+        self.tokenizer = tokenizer
+        self._limits = limits
+        self._vocab_size = vocab_size
+        self.model_name = model_name
+        self._renderer: ChatRenderer | None = None
+        self._tenant_secret = tenant_secret
+        self.skills = SkillHolds(link, model_name or "sglang", self.namespace_of)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            protocol_version=PROTOCOL_VERSION,
+            verbs=[*EXECUTED_VERBS, *MARKING_VERBS],
+            architectures=list(LAYOUTS),
+            models=[self.model_name] if self.model_name else [],
+            limits=self._limits,
+            # Tenants only with API keys (``tenant_keys``); the tree is partitioned by
+            # SGLang's own ``cache_salt`` either way (``namespace_of``).
+            tenants=self._tenant_secret is not None,
+            cache_salt=True,
+            # The block's keys are the tree's prefill after its anchor, rotated like any
+            # kept run; selective recompute is not built here (``none`` only).
+            skill_anchors=True,
+        )
+
+    def _require_tokenizer(self, field_name: str) -> Any:
+        if self.tokenizer is None:
+            raise LeylineError(
+                ErrorCode.invalid_directive,
+                "this SGLang server runs without a tokenizer (--skip-tokenizer-init): send "
+                "token ids instead of text or messages",
+                field_name,
+            )
+        return self.tokenizer
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        tokenizer = self._require_tokenizer("text")
+        return tuple(int(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(str(t) for t in tokens)
+        return str(self.tokenizer.decode(list(tokens), skip_special_tokens=False))
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Message] | None,
+        *,
+        add_generation_prompt: bool,
+    ) -> Rendered:
+        from leyline.core.openai_types import parse_chat
+
+        self._require_tokenizer("messages")
+        chat, specs = parse_chat(messages, tools)
+        return self.render_chat(chat, specs, add_generation_prompt=add_generation_prompt)
+
+    def render_chat(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None,
+        *,
+        add_generation_prompt: bool,
+    ) -> Rendered:
+        """Parsed messages (a chat request's) rendered with the reference server's renderer
+        over SGLang's own (HF) tokenizer: same template, same message spans, so message
+        anchors resolve here as they do there."""
+        from leyline.core.chat.render import ChatRenderer, ChatTemplateError
+
+        tokenizer = self._require_tokenizer("messages")
+        if self._renderer is None:
+            try:
+                self._renderer = ChatRenderer(tokenizer)
+            except ChatTemplateError as exc:
+                raise LeylineError(ErrorCode.invalid_directive, str(exc), "messages") from None
+        try:
+            out = self._renderer.render(
+                list(messages), list(tools or []), add_generation_prompt=add_generation_prompt
+            )
+        except ChatTemplateError as exc:  # as the reference server answers it (http.errors)
+            raise LeylineError(ErrorCode.invalid_directive, str(exc), "messages") from None
+        return Rendered(out.tokens, out.spans)
+
+    # -- skills: the tree's own prefill of each, locked while registered (skill_store) --
+
+    def skill_tokens(self, tenant: str) -> SkillTokens | None:
+        return self.skills.tokens_of(tenant)
+
+    async def register_skill(
+        self,
+        tenant: str,
+        skill_id: str,
+        tokens: Sequence[int],
+        label: SkillLabel,
+        *,
+        anchor: Sequence[int] = (),
+    ) -> SkillInfo:
+        skill = await self.skills.register(tenant, skill_id, tokens, label, anchor)
+        return skill.info(include_tokens=False)
+
+    def skill_info(self, tenant: str, skill_id: str, include_tokens: bool) -> SkillInfo:
+        return self.skills.get(tenant, skill_id).info(include_tokens)
+
+    def list_skills(self, tenant: str) -> list[SkillInfo]:
+        return [s.info(include_tokens=False) for s in self.skills.of_tenant(tenant)]
+
+    async def delete_skill(self, tenant: str, skill_id: str) -> None:
+        await self.skills.delete(tenant, skill_id)
+
+    # -- handles ------------------------------------------------------------------------
+
+    def namespace_of(self, tenant: str, cache_salt: str | None = None) -> str | None:
+        """The tree namespace a tenant's exact KV shares (of its ``cache_salt``, if any).
+
+        Without tenants: SGLang's own ``cache_salt`` as given, so a session shares KV with
+        exactly the requests (``/generate`` included) that carry the same salt; none, the
+        public namespace. With tenants: a name derived from the tenant and the salt with
+        this process's secret, so no other tenant and no plain request can name it.
+        """
+        if self._tenant_secret is None:
+            return cache_salt
+        name = f"{tenant}\x00{cache_salt or ''}".encode()
+        return "leyline-tenant-" + hmac.new(self._tenant_secret, name, "sha256").hexdigest()[:32]
+
+    def open(self, salt: str) -> SglangSession:
+        # ``salt`` is the core's partition: the tenant, then the session's cache_salt.
+        tenant, sep, cache_salt = salt.partition("\x00")
+        return SglangSession(shared_salt=self.namespace_of(tenant, cache_salt if sep else None))
+
+    def view(self, handle: SglangSession) -> SessionView:
+        return handle.view
+
+    def nbytes(self, handle: SglangSession) -> int:
+        return 0  # the tree owns the KV; a session pins nothing (SGLang evicts it LRU)
+
+    def close(self, handle: SglangSession) -> None:
+        # The session's own namespaces hold KV nobody else may read: free it now rather
+        # than leave it to the tree's LRU (a deleted session lets go of what it held).
+        private = list(handle.abandoned)
+        if handle.private_salt is not None:
+            private.append((handle.private_salt, handle.view.tokens))
+        if private:
+            self._background(self._purge(private))
+
+    async def _purge(self, namespaces: Sequence[tuple[str, tuple[int, ...]]]) -> None:
+        """Drop each namespace's KV from its first page on (a FORGET at 0 there)."""
+        for salt, tokens in namespaces:
+            try:
+                await self.link.send("forget", tokens, [Edit(0, 0, ())], old_salt=salt)
+            except Exception:  # the session is gone either way; the tree's LRU takes it
+                logger.exception("purging a closed session's namespace %s failed", salt)
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # closed outside the server's loop (a test): nothing to purge
+            work.close()
+            return
+        task = loop.create_task(work)
+        self._tasks.add(task)  # a task nobody references may be collected mid-run
+        task.add_done_callback(self._tasks.discard)
+
+    async def prefill(
+        self, handle: SglangSession, tokens: Sequence[int], spans: Sequence[MessageSpan]
+    ) -> OpReport:
+        old, new = handle.view, tuple(int(t) for t in tokens)
+        if new[: len(old.tokens)] != old.tokens:
+            handle.realigned(old.tokens, new)
+        if new:
+            await self.link.prefill(new, handle.salt)
+            handle.cached(new)
+        shared = common_prefix(old.tokens, new)
+        revision = old.revision if new == old.tokens else old.revision + 1
+        handle.view = SessionView(new, revision, tuple(spans))
+        # Nothing reused (a fresh session) is a prefill, not a hit.
+        path = Path.prefix_hit if shared == len(old.tokens) and shared > 0 else Path.reprefill
+        return OpReport(path, revision, shared, len(new) - shared, first_change=shared)
+
+    async def execute(
+        self, handle: SglangSession, plan: EditPlan, *, allow_fallback: bool
+    ) -> OpReport:
+        base = handle.view
+        if plan.is_identity:
+            n = len(base.tokens)
+            return OpReport(Path.splice, base.revision, n, 0, first_change=n)
+        result = plan.result
+        forget_from = plan.forget_from
+        if forget_from is not None:
+            # Everything from the forget on is prefilled by the next generate: a block
+            # there is computed in full (protocol 3.4), so nothing needs a namespace.
+            out = await self._forget(handle, plan)
+            report = self._report(plan, Path.reprefill, min(out.cached_tokens, forget_from), 0)
+            if keeps_downstream_kv(plan) and not plan.composes:
+                # Rule 6 of a batch: a splice before the forget keeps its downstream KV up
+                # to the forget, and that KV is the session's own. The build prefills the
+                # rest in context.
+                built = await self._private_build(handle, plan, allow_fallback, ())
+                if built.path is Path.splice:
+                    reused, rotated = built.reused_tokens, built.rotated_tokens
+                    report = self._report(plan, Path.reprefill, reused, rotated)
+                else:
+                    report = built
+            elif plan.tokens:
+                # Re-prefill now, as the reference does: the session's KV is whole after the
+                # directive, so a later edit finds its source without a turn in between.
+                await self.link.prefill(plan.tokens, handle.salt)
+        elif plan.composes:
+            tenant = plan.tenant or DEFAULT_TENANT
+            with self.skills.using(tenant, [c.skill for c in plan.composes]) as skills:
+                report = await self._private_build(
+                    handle, plan, allow_fallback, _blocks(plan, skills)
+                )
+        elif result.first_change == len(base.tokens):
+            # Errata only: nothing cached moves; the next generate appends the note.
+            report = self._report(plan, Path.prefix_hit, len(base.tokens), 0)
+        elif keeps_downstream_kv(plan):
+            report = await self._private_build(handle, plan, allow_fallback, ())
+        else:
+            # Nothing kept past the edit (a cut of the tail, say): every token from the first
+            # change on is computed in context, so the build is exact and stays shared.
+            report = await self._splice(plan, allow_fallback, (), handle.salt, handle.salt)
+        handle.moved(result.position_map)
+        handle.cached(plan.tokens)  # built, or prefilled by the next generate: as good as
+        handle.view = SessionView(plan.tokens, base.revision + 1, plan.spans)
+        return report
+
+    async def _private_build(
+        self,
+        handle: SglangSession,
+        plan: EditPlan,
+        allow_fallback: bool,
+        blocks: Sequence[BlockSource],
+    ) -> OpReport:
+        """A splice (its blocks copied from their skills, if any) whose KV past the first
+        change is not a prefill of its tokens: built in the session's own namespace, the
+        exact prefix copied there once (protocol 3.1, 3.4)."""
+        salt = private_namespace(handle)
+        report = await self._splice(plan, allow_fallback, blocks, handle.salt, salt)
+        if report.path is Path.splice:
+            handle.private_salt = salt
+        elif handle.private_salt is not None:
+            # A fallback may leave part of a build in the session's namespace; the generate
+            # that re-prefills must not find it, so the session moves to a fresh one.
+            handle.abandoned.append((handle.private_salt, plan.tokens))
+            handle.private_salt = _private_salt()
+        else:
+            handle.abandoned.append((salt, plan.tokens))  # a partial build nobody will read
+        return report
+
+    async def _forget(self, handle: SglangSession, plan: EditPlan) -> SchedulerAnswer:
+        """Purge what was derived from the forgotten tokens: past the edit where the
+        session's KV is; once it went private, in its shared namespace too (anyone there,
+        a plain request say, may have prefilled the same tokens); and in every earlier
+        lineage, from where the forgotten tokens sit in it (protocol 3.2)."""
+        base = handle.view
+        out = checked(await self.link.send("forget", base.tokens, plan.edits, old_salt=handle.salt))
+        if handle.private_salt is not None:
+            checked(
+                await self.link.send("forget", base.tokens, plan.edits, old_salt=handle.shared_salt)
+            )
+        spans = [(e.start, e.end) for e in plan.edits if e.mode is Mode.forget]
+        for salt, lineages in handle.lineages.items():
+            for tokens, first in lineages.forgotten(spans):
+                if salt == handle.salt and tokens == base.tokens:
+                    continue  # the current sequence: purged just above, from the same point
+                edit = Edit(first, first, ())
+                # A private lineage's tokens may have been prefilled by anyone in the shared
+                # namespace (a plain request for them): that copy holds the span too.
+                for where in dict.fromkeys((salt, handle.shared_salt)):
+                    checked(await self.link.send("forget", tokens, [edit], old_salt=where))
+        return out
+
+    async def _splice(
+        self,
+        plan: EditPlan,
+        allow_fallback: bool,
+        blocks: Sequence[BlockSource],
+        old_salt: str | None,
+        new_salt: str | None,
+    ) -> OpReport:
+        # Each inserted run may need one generate; a repeat of the same request means the
+        # prefill did not land in the tree, and the splice gives up rather than loop.
+        asked: set[int] = set()
+        rotated = 0  # each call builds past what the earlier ones did: their counts add up
+        while True:
+            out = checked(
+                await self.link.send(
+                    "splice",
+                    plan.base.tokens,
+                    plan.edits,
+                    blocks=blocks,
+                    old_salt=old_salt,
+                    new_salt=new_salt,
+                )
+            )
+            rotated += out.rotated_tokens
+            if out.ok and out.pending_prefill is None:
+                reason = FallbackReason(out.fallback_reason) if out.fallback_reason else None
+                return self._report(plan, Path.splice, out.reused_tokens, rotated, reason)
+            if not out.ok or out.pending_prefill in asked:
+                reason = FallbackReason(out.fallback_reason or FallbackReason.unsupported_runtime)
+                if not allow_fallback:
+                    raise SpliceUnsupportedError(reason, out.message or "prefill did not cache")
+                # The next generate re-prefills from the first change (SGLang's prefix match).
+                first = plan.result.first_change
+                return self._report(plan, Path.reprefill, first, 0, reason)
+            assert out.pending_prefill is not None
+            asked.add(out.pending_prefill)
+            await self.link.prefill(plan.tokens[: out.pending_prefill], new_salt)
+
+    @staticmethod
+    def _report(
+        plan: EditPlan,
+        path: Path,
+        reused: int,
+        rotated: int,
+        reason: FallbackReason | None = None,
+    ) -> OpReport:
+        n = len(plan.tokens)
+        reused = min(reused, n)
+        return OpReport(
+            path,
+            plan.base.revision + 1,
+            reused_tokens=reused,
+            prefilled_tokens=n - reused,
+            rotated_tokens=rotated,
+            first_change=plan.result.first_change,
+            fallback_reason=reason,
+        )
+
+
+def _private_salt() -> str:
+    return f"leyline-session-{uuid.uuid4().hex}"
+
+
+def private_namespace(handle: SglangSession) -> str:
+    """Where a session builds KV that is not the exact prefill of its tokens: its own
+    namespace (one is minted the first time). The live tests' mutant replaces this."""
+    return handle.private_salt or _private_salt()
+
+
+def keeps_downstream_kv(plan: EditPlan) -> bool:
+    """Whether the new sequence keeps cached KV past the first change (other than its last
+    token, which is always recomputed): that KV attended to what the edit removed."""
+    result = plan.result
+    last = len(result.tokens) - 1
+    return any(
+        run.kind == "kept"
+        and run.new_end > result.first_change
+        and max(run.new_start, result.first_change) < last
+        for run in result.runs
+    )
+
+
+def _blocks(plan: EditPlan, skills: Sequence[HeldSkill]) -> list[BlockSource]:
+    """Each compose's block in the new revision, with its skill's cached source (a skill
+    replaced since the batch was planned no longer matches its block: the executor refuses
+    that, changing nothing)."""
+    return [
+        BlockSource(
+            start=where.start,
+            end=where.end,
+            source=skill.source,
+            offset=len(skill.anchor),
+            seam=min(compose.seam_tokens, len(skill.tokens)),
+            salt=skill.salt,
+        )
+        for compose, where, skill in zip(plan.composes, plan.composed(), skills, strict=True)
+    ]
+
+
+def checked(out: SchedulerAnswer) -> SchedulerAnswer:
+    if out.error_code is not None:
+        raise LeylineError(ErrorCode(out.error_code), out.message, out.error_field)
+    return out

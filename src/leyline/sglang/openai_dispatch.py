@@ -1,0 +1,88 @@
+"""Chat and completions requests that carry a ``leyline`` object, served on SGLang's app.
+
+SGLang owns ``/v1/chat/completions`` and ``/v1/completions``. This ASGI middleware reads
+the body of a POST to either; if it is a JSON object with a top-level ``leyline`` key (a
+session, directives), the request goes to the reference server's OpenAI routes over the
+plugin's ``LeylineService`` (the same checks, sessions, directives, reports and streaming
+as ``leyline serve``). Everything else, an unchanged OpenAI client's request included,
+reaches SGLang byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from leyline.core.route_guard import error_response
+from leyline.protocol import ErrorCode, LeylineError
+from leyline.serve.errors import install_error_handlers
+from leyline.serve.routes_openai import openai_router
+from leyline.serve.service import LeylineService
+from leyline.sglang.backend import SglangSession
+
+ROUTED = frozenset({"/v1/chat/completions", "/v1/completions"})
+MAX_BODY_BYTES = 32 * 1024**2
+"""The most this middleware buffers to look for a ``leyline`` key (the reference server's
+default body limit is far smaller); a larger body is refused, never read whole."""
+
+
+def leyline_openai_app(service: LeylineService[SglangSession]) -> FastAPI:
+    """The OpenAI routes for requests with a ``leyline`` object (typed protocol errors)."""
+    app = FastAPI(redirect_slashes=False, openapi_url=None, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    app.include_router(openai_router(service))
+    return app
+
+
+class LeylineDispatch:
+    """Sends ``leyline``-bearing chat / completions requests to ``leyline_app``."""
+
+    def __init__(
+        self, app: ASGIApp, leyline_app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES
+    ) -> None:
+        self.app = app
+        self.leyline_app = leyline_app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in ROUTED:
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        body = b""
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break  # a disconnect: let the app see it
+            body += message.get("body", b"")
+            if len(body) > self.max_body_bytes:
+                too_large = LeylineError(
+                    ErrorCode.limit_exceeded,
+                    f"request body is larger than {self.max_body_bytes} bytes",
+                    "body",
+                )
+                await error_response(too_large)(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        replay = iter(messages)
+
+        async def replayed() -> Message:
+            # The buffered body first, then the live channel (disconnects).
+            return next(replay, None) or await receive()
+
+        target = self.leyline_app if _has_leyline(body) else self.app
+        await target(scope, replayed, send)
+
+
+def _has_leyline(body: bytes) -> bool:
+    if b'"leyline"' not in body:
+        return False  # cheap: most requests never parse here
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return False  # SGLang answers malformed JSON as it always does
+    return isinstance(parsed, dict) and "leyline" in parsed
