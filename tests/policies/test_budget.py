@@ -7,25 +7,17 @@ from collections.abc import Sequence
 import pytest
 
 from leyline.policies import (
-    EstimateCounter,
     Message,
     PolicyConfigError,
     PolicyEdit,
     ReplaceContent,
     TokenBudget,
     apply_to_messages,
-    message_tokens,
     parse_policy,
     run_policy,
 )
 
-from .transcripts import episode
-
-COUNTER = EstimateCounter()
-
-
-def total(messages: Sequence[Message]) -> int:
-    return sum(message_tokens(COUNTER, m) for m in messages)
+from .transcripts import COUNTER, episode, total
 
 
 def run(policy: TokenBudget, messages: Sequence[Message]) -> list[PolicyEdit]:

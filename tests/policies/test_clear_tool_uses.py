@@ -9,13 +9,11 @@ import pytest
 
 from leyline.policies import (
     ClearToolUses,
-    EstimateCounter,
     PolicyConfigError,
     ReplaceContent,
     ReplaceMessage,
     TurnPlanner,
     apply_to_messages,
-    message_tokens,
     parse_policy,
     run_policy,
 )
@@ -23,13 +21,18 @@ from leyline.policies.messages import message_key
 
 from .toy_chat import render
 from .toy_server import ToyServer
-from .transcripts import Msg, assistant, call, episode, system, tool, user, view_output
-
-COUNTER = EstimateCounter()
-
-
-def total(messages: list[Msg]) -> int:
-    return sum(message_tokens(COUNTER, m) for m in messages)
+from .transcripts import (
+    COUNTER,
+    Msg,
+    assistant,
+    call,
+    episode,
+    system,
+    tool,
+    total,
+    user,
+    view_output,
+)
 
 
 def cleared(messages: list[Msg], policy: ClearToolUses | str) -> list[Msg]:

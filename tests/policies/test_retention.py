@@ -121,21 +121,12 @@ def test_decay_drops_are_mirrored_and_the_next_request_extends_the_session() -> 
         planner.commit(plan, server.chat(plan))
     # SCRIPTED: the server drops the decay span of message 3 (under pressure).
     content = server.spans[3].content  # type: ignore[attr-defined]
-    stub = tokenize("[dropped]")
     before = len(server.tokens)
-    server.tokens[content.start : content.end] = stub
-    server.revision += 1
-    dropped = DroppedSpan(
-        verb="decay",
-        start=content.start,
-        end=content.end,
-        revision=server.revision,
-        replacement_tokens=len(stub),
-    )
+    dropped = scripted_drop(server, content, "decay", "[dropped]")
     served = list(planner.served)
     served[3] = {**served[3], "content": "[dropped]"}
     spans = render(served).spans
-    assert len(server.tokens) == before - (content.end - content.start) + len(stub)
+    assert len(server.tokens) == before - (content.end - content.start) + len(tokenize("[dropped]"))
     found = planner.mirror([dropped], server.revision, spans)
     assert found is not None and [(d.verb, d.message) for d in found] == [("decay", 3)]
     assert planner.revision == server.revision and not planner.decaying
@@ -148,6 +139,21 @@ def test_decay_drops_are_mirrored_and_the_next_request_extends_the_session() -> 
     # A drop that is not one of ours is not mirrored.
     stranger = dropped.model_copy(update={"revision": server.revision + 5, "start": 1})
     assert planner.mirror([stranger], server.revision + 5, spans) is None
+
+
+def scripted_drop(server: ToyServer, content: TokenSpan, verb: str, stub: str) -> DroppedSpan:
+    """SCRIPTED: the server drops the ``verb`` span ``content``, leaving ``stub``'s tokens, and
+    reports it as the protocol says (a new revision)."""
+    stub_tokens = tokenize(stub)
+    server.tokens[content.start : content.end] = stub_tokens
+    server.revision += 1
+    return DroppedSpan(
+        verb=verb,
+        start=content.start,
+        end=content.end,
+        revision=server.revision,
+        replacement_tokens=len(stub_tokens),
+    )
 
 
 def reasoning_episode() -> list[dict[str, object]]:
@@ -200,18 +206,9 @@ def test_scratch_marks_ride_on_the_request_and_drops_are_mirrored_at_commit() ->
     # SCRIPTED: the server drops the scratch span once the generation completed.
     content = response.spans[2].content
     assert content is not None
-    stub = tokenize("Look at a.")
-    server.tokens[content.start : content.end] = stub
-    server.revision += 1
+    dropped = scripted_drop(server, content, "scratch", "Look at a.")
     served = [*plan.messages[:2], {**plan.messages[2], "content": "Look at a."}, *plan.messages[3:]]
     server.spans = list(render(served).spans)
-    dropped = DroppedSpan(
-        verb="scratch",
-        start=content.start,
-        end=content.end,
-        revision=server.revision,
-        replacement_tokens=len(stub),
-    )
     reported = LeylineResponse.model_validate(
         {
             **response.model_dump(),

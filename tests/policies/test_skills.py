@@ -65,6 +65,18 @@ def ask(
     return LeylineResponse.model_validate(leyline) if leyline is not None else None
 
 
+def first_call(
+    server: ComposeServer, library: SkillLibrary | None = None, *, keep_reply: bool = True
+) -> tuple[SkillLibrary, LeylineOpenAI, list[Any]]:
+    """The rules registered (on ``server`` unless ``library`` is given), a wrapper with the
+    library on ``server``, and the task's first call made."""
+    library = registered(server) if library is None else library
+    client = LeylineOpenAI(server.openai(), skills=library)
+    history: list[Any] = [system(), user("Fix the failing test.")]
+    ask(client, history, keep_reply=keep_reply)
+    return library, client, history
+
+
 def composes(client: LeylineOpenAI) -> list[ComposeDirective]:
     plan = client.episode.last_plan
     assert plan is not None
@@ -111,10 +123,7 @@ def test_an_anchored_library_sends_the_rendered_context_as_the_anchor() -> None:
 
 def test_a_new_skill_message_after_the_reply_is_composed_where_it_goes() -> None:
     server = ComposeServer()
-    library = registered(server)
-    client = LeylineOpenAI(server.openai(), skills=library)
-    history: list[Any] = [system(), user("Fix the failing test.")]
-    ask(client, history)
+    library, client, history = first_call(server)
     cached = len(server.sessions[client.session].tokens)  # prompt, then the reply
     served_end = render(history[:2]).spans[-1].end
     history += [library.message("rules"), user("Now fix it, following the rules.")]
@@ -145,10 +154,7 @@ def test_a_new_skill_message_after_the_reply_is_composed_where_it_goes() -> None
 
 def test_a_skill_inserted_between_cached_messages_is_composed_there() -> None:
     server = ComposeServer()
-    library = registered(server)
-    client = LeylineOpenAI(server.openai(), skills=library)
-    history: list[Any] = [system(), user("Fix the failing test.")]
-    ask(client, history)
+    library, client, history = first_call(server)
     history.insert(1, library.message("rules"))  # before the task; the reply stays sent back
     ask(client, history)
     skill = str(library.message("rules")[SKILL_KEY])
@@ -161,10 +167,7 @@ def test_a_skill_inserted_between_cached_messages_is_composed_there() -> None:
 
 def test_a_skill_right_after_the_served_messages_replaces_an_unsent_reply() -> None:
     server = ComposeServer()
-    library = registered(server)
-    client = LeylineOpenAI(server.openai(), skills=library)
-    history: list[Any] = [system(), user("Fix the failing test.")]
-    ask(client, history, keep_reply=False)
+    library, client, history = first_call(server, keep_reply=False)
     cached = len(server.sessions[client.session].tokens)
     history.append(library.message("rules"))
     ask(client, history)
@@ -196,11 +199,8 @@ def test_the_first_call_and_a_plain_server_get_the_text() -> None:
 
 
 def test_a_leyline_server_without_compose_prefills_the_text() -> None:
-    library = registered(ComposeServer())
     server = ComposeServer(compose=False)
-    client = LeylineOpenAI(server.openai(), skills=library)
-    history: list[Any] = [system(), user("Fix the failing test.")]
-    ask(client, history)
+    library, client, history = first_call(server, registered(ComposeServer()))
     history += [library.message("rules"), user("Go.")]
     ask(client, history)
     assert composes(client) == [] and client.records[-1].composed == ()
@@ -210,11 +210,8 @@ def test_a_leyline_server_without_compose_prefills_the_text() -> None:
 
 def test_an_evicted_skill_falls_back_to_the_text_and_is_forgotten() -> None:
     server = ComposeServer()
-    library = registered(server)
+    library, client, history = first_call(server)
     skill = str(library.message("rules")[SKILL_KEY])
-    client = LeylineOpenAI(server.openai(), skills=library)
-    history: list[Any] = [system(), user("Fix the failing test.")]
-    ask(client, history)
     del server.skills[skill]  # evicted, or the server restarted
     history += [library.message("rules"), user("Go.")]
     ask(client, history)
@@ -252,10 +249,7 @@ def test_a_skill_that_renders_otherwise_in_context_goes_as_text_with_a_note() ->
 
 def test_an_edited_skill_message_is_just_text() -> None:
     server = ComposeServer()
-    library = registered(server)
-    client = LeylineOpenAI(server.openai(), skills=library)
-    history: list[Any] = [system(), user("Fix the failing test.")]
-    ask(client, history)
+    library, client, history = first_call(server)
     history += [{**library.message("rules"), "content": RULES + "- except today\n"}]
     ask(client, history)
     assert composes(client) == [] and server.leaks == []
@@ -347,9 +341,7 @@ def test_a_compose_without_recompute_is_sent_as_before() -> None:
     library = registered(server)
     entry = library.get("rules")
     assert entry is not None and entry.recompute is None and entry.block().recompute is None
-    client = LeylineOpenAI(server.openai(), skills=library)
-    history: list[Any] = [system(), user("Fix the failing test.")]
-    ask(client, history)
+    library, client, history = first_call(server, library)
     cached = len(server.sessions[client.session].tokens)
     history += [library.message("rules"), user("Which rule applies?")]
     ask(client, history)
@@ -375,9 +367,7 @@ def test_the_library_recompute_goes_in_each_compose_and_register_overrides_it() 
     assert (plain.skill, plain.tokens) == (rules.skill, rules.tokens)
     assert "recompute" not in server.registrations[0]
 
-    client = LeylineOpenAI(server.openai(), skills=library)
-    history: list[Any] = [system(), user("Fix the failing test.")]
-    ask(client, history)
+    library, client, history = first_call(server, library)
     for name, recompute, wire in (
         ("rules", ATTENTION, {"mode": "attention", "ratio": 0.3}),
         ("doc", DEVIATION, {"mode": "deviation", "ratio": 0.2}),
@@ -423,9 +413,7 @@ def test_a_server_without_the_recompute_mode_gets_the_text() -> None:
     library = SkillLibrary(server.leyline(), recompute=ATTENTION)
     library.register("rules", RULES, role="user")
     library.register("doc", DOC, role="user", recompute=RecomputeNone(mode="none"))
-    client = LeylineOpenAI(server.openai(), skills=library)
-    history: list[Any] = [system(), user("Fix the failing test.")]
-    ask(client, history)
+    library, client, history = first_call(server, library)
     history += [library.message("rules"), user("Go.")]
     ask(client, history)
     record = client.records[-1]

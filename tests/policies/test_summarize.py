@@ -18,7 +18,6 @@ import pytest
 from leyline.policies import (
     AsyncLeylineOpenAI,
     DropMessages,
-    EstimateCounter,
     LeylineOpenAI,
     PolicyConfigError,
     PolicyEditError,
@@ -35,9 +34,7 @@ from leyline.policies.summarize import DEFAULT_PROMPT
 
 from .compose_server import ComposeServer
 from .plain_server import plain_server
-from .transcripts import Msg, assistant, call, episode, system, tool, user, view_output
-
-COUNTER = EstimateCounter()
+from .transcripts import COUNTER, Msg, assistant, call, episode, system, tool, user, view_output
 
 
 class Scripted:

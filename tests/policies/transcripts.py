@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+
+from leyline.policies import EstimateCounter, Message, message_tokens
 
 Msg = dict[str, object]
+
+COUNTER = EstimateCounter()
+"""What the token-budget tests count with (no tiktoken needed)."""
+
+
+def total(messages: Sequence[Message]) -> int:
+    return sum(message_tokens(COUNTER, m) for m in messages)
+
 
 SOURCE = "\n".join(f"{n:4d}  def step_{n}(x):\n        return x + {n}" for n in range(40))
 

@@ -8,6 +8,7 @@ the context and checks what comes back.
 
 from __future__ import annotations
 
+import re
 from abc import abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,15 @@ def _mode_alias(value: object) -> object:
 
 EditMode = Annotated[Mode, BeforeValidator(_mode_alias)]
 """``amortize`` (alias ``splice``, the default) or ``forget``."""
+
+
+def regex_option(value: str, refusal: str) -> re.Pattern[str]:
+    """A policy option's regex, compiled. Raises ``ValueError(refusal)`` for one that does
+    not compile, ``{value}`` and ``{exc}`` formatted in (a pydantic validator's error)."""
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise ValueError(refusal.format(value=value, exc=exc)) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from pydantic import field_validator
 from leyline.protocol import ErratumDirective
 
 from .align import align_messages
-from .base import Policy, PolicyContext
+from .base import Policy, PolicyContext, regex_option
 from .edits import AppendErratum, KeepServed, PolicyEdit
 from .messages import content_text, same_rendering
 from .transcript import Transcript
@@ -54,10 +54,7 @@ class FieldErrata(Policy):
     @field_validator("field_pattern")
     @classmethod
     def _has_groups(cls, value: str) -> str:
-        try:
-            groups = re.compile(value).groupindex
-        except re.error as exc:
-            raise ValueError(f"field_pattern is not a valid regex: {exc}") from None
+        groups = regex_option(value, "field_pattern is not a valid regex: {exc}").groupindex
         if not {"field", "value"} <= set(groups):
             raise ValueError("field_pattern needs the named groups 'field' and 'value'")
         return value

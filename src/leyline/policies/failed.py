@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from leyline.protocol import Mode
 
-from .base import EditMode, Policy, PolicyContext
+from .base import EditMode, Policy, PolicyContext, regex_option
 from .edits import DropMessages, PolicyEdit
 from .stubs import StubTemplate, stub_edit
 from .transcript import ToolOutput, Transcript
@@ -43,10 +43,7 @@ class FailedAttempts(Policy):
     @field_validator("failure_pattern")
     @classmethod
     def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"failure_pattern is not a valid regex: {exc}") from None
+        regex_option(value, "failure_pattern is not a valid regex: {exc}")
         return value
 
     def stub_templates(self) -> tuple[str, ...]:

@@ -1,5 +1,6 @@
 """What :class:`~.middleware.LeylineOpenAI` and :class:`~.middleware_async.AsyncLeylineOpenAI`
-share: their state, and what makes them drop-ins for the client they wrap.
+share: their state, every decision of a call as a sans-IO flow (:mod:`.flows`), and what
+makes them drop-ins for the client they wrap. The two shells only make the requests.
 
 * the client's attributes (``base_url``, ``api_key``, ``organization``, ``project``,
   ``timeout``, ``max_retries``) and every other resource (``models``, ``embeddings``,
@@ -12,18 +13,56 @@ share: their state, and what makes them drop-ins for the client they wrap.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Self, TypeVar
+from urllib.parse import quote
 
 import openai
+from openai.types.chat import ChatCompletion
+from pydantic import ValidationError
 
+from leyline.protocol.resources import Routes, SessionInfo, TokenizeResponse
+
+from .base import SummaryRequest
 from .counting import TokenCounter
-from .middleware_core import CallRecord, Conversations, Episode
-from .middleware_wire import ServerSupport
+from .flows import Flow
+from .messages import Message, canonical_json
+from .middleware_core import CallRecord, Conversations, Episode, PreparedCall
+from .middleware_wire import (
+    LEYLINE_KEY,
+    Completion,
+    Plan,
+    RenderUnavailable,
+    Route,
+    ServerSupport,
+    StreamBase,
+    composes,
+    extra_body_of,
+    failed_skills,
+    is_revision_conflict,
+    normalize_messages,
+    pinned_error,
+    renderer,
+    resync_reason,
+    server_root,
+    summary_kwargs,
+    summary_text,
+    support_from_capabilities,
+    support_from_status,
+    tokenize_body,
+    with_stream_usage,
+)
 from .planner import Pinned, TurnPlanner
 from .registry import PolicyConfig, parse_policy
+from .retention_marks import Dropped
 from .skills import SkillSet
 from .translate import Addressing
+
+logger = logging.getLogger("leyline.policies.middleware")
 
 C = TypeVar("C", openai.OpenAI, openai.AsyncOpenAI)
 
@@ -49,7 +88,8 @@ class WrapperState:
 
 
 class WrapperBase(Generic[C]):
-    """The attributes and the state of a wrapper around an OpenAI client ``C``."""
+    """A wrapper around an OpenAI client ``C``: its state, its drop-in attributes, and each
+    call as flows (:mod:`.flows`) whose requests the sync or async shell makes."""
 
     client: C
     _state: WrapperState
@@ -85,13 +125,24 @@ class WrapperBase(Generic[C]):
     def _bind(self, client: C, state: WrapperState) -> None:
         self.client = client
         self._state = state
-        self.chat = self._make_chat()
+        self.chat = Chat(self._completions_type(self))
 
-    @staticmethod
-    def _new_lock() -> Any:
-        raise NotImplementedError
+    # -- what a shell provides -----------------------------------------------------
 
-    def _make_chat(self) -> Any:
+    _lock_type: ClassVar[type[Any]]
+    _completions_type: ClassVar[type]
+    """``chat.completions``: its ``create`` runs :meth:`_call` (sync or awaited)."""
+    _stream_type: ClassVar[type[StreamBase]]
+    _sends_retention: ClassVar[bool]
+    """Calls may send pins and marks where the server executes them (the sync wrapper
+    does; the async one never has)."""
+
+    def _new_lock(self) -> Any:
+        """One call at a time plans and commits: a ``threading.Lock`` or an ``asyncio.Lock``."""
+        return self._lock_type()
+
+    def _locked(self, commit: Callable[[ChatCompletion | None], None]) -> Callable[..., Any]:
+        """``commit`` made under the state's lock (a stream's commit, sync or awaited)."""
         raise NotImplementedError
 
     # -- the episode ------------------------------------------------------------------
@@ -167,3 +218,239 @@ class WrapperBase(Generic[C]):
         if name.startswith("__") or "client" not in self.__dict__:
             raise AttributeError(name)
         return getattr(self.__dict__["client"], name)
+
+    # -- one call, sans IO: the flows the shells run ------------------------------------
+
+    def _call(self, messages: Iterable[object], kwargs: dict[str, Any]) -> Flow[Any]:
+        """The flow of ``chat.completions.create``; the arguments are checked now."""
+        agent = normalize_messages(messages)
+        return self._calling(agent, extra_body_of(kwargs), kwargs)
+
+    def _calling(
+        self, agent: list[Message], extra: dict[str, object], kwargs: dict[str, Any]
+    ) -> Flow[Any]:
+        streamed = bool(kwargs.get("stream"))
+        support = yield from self._probe()
+        episode, evicted, new = self.conversations.route(agent)
+        yield from self._close_sessions(evicted)
+        if episode.pending is not None:  # a stream left unread: the cache is unknown
+            episode.pending = None
+            episode.drop()
+        if streamed and support.leyline and episode.directives:
+            kwargs = with_stream_usage(kwargs)
+        call = _Call(episode, agent, support, kwargs.get("tools"), new)
+        summaries = self._summaries(kwargs.get("model"))
+        prepared = yield self._plan(call, summaries)
+        call.t0 = time.perf_counter()
+        try:
+            response = yield self._completion(prepared, kwargs, extra)
+        except (openai.APIStatusError, openai.APIConnectionError) as exc:
+            _raise_pinned(exc, episode)
+            plan = prepared.plan
+            if prepared.leyline is None or not (plan.directives or plan.check_revision):
+                raise  # nothing of ours in it: the planner is as it was
+            response = None
+            if is_revision_conflict(exc) and episode.planner.decaying:
+                # The server dropped decay spans: mirror them, send the call again.
+                call.dropped = (yield from self._mirror(episode)) or ()
+                if call.dropped:
+                    prepared = yield self._plan(call, summaries)
+                    try:
+                        response = yield self._completion(prepared, kwargs, extra)
+                    except (openai.APIStatusError, openai.APIConnectionError) as again:
+                        _raise_pinned(again, episode)
+                        exc = again
+            if response is None:
+                call.resync = resync_reason(exc)
+                logger.info("re-sending without directives (%s)", call.resync)
+                self._drop_skills(exc, prepared)
+                episode.drop()
+                prepared = yield self._plan(call, summaries)
+                try:
+                    response = yield self._completion(prepared, kwargs, extra)
+                except openai.APIStatusError as final:
+                    _raise_pinned(final, episode)
+                    raise
+        call.prepared = prepared
+        if isinstance(response, ChatCompletion):
+            call.commit(response)
+            return response
+        return self._open_stream(response, call)
+
+    def _open_stream(self, response: Any, call: _Call) -> StreamBase:
+        """Wrap a streamed answer; the episode is committed when the stream says so."""
+        stream: StreamBase
+
+        def commit(completion: ChatCompletion | None) -> None:
+            if call.episode.pending is not stream:
+                return  # a later call already gave up on this stream
+            call.episode.pending = None
+            if completion is None:
+                call.episode.drop()
+            else:
+                call.commit(completion, streamed=True)
+
+        reported = call.prepared is not None and call.prepared.leyline is not None
+        stream = self._stream_type(response, self._locked(commit), reported=reported)
+        call.episode.pending = stream
+        return stream
+
+    def _probe(self) -> Flow[ServerSupport]:
+        state = self._state
+        if state.support is None:
+            try:
+                support = support_from_capabilities((yield self._route("get", Routes.capabilities)))
+            except openai.APIStatusError as exc:
+                support = support_from_status(exc.status_code)
+            state.support = support
+            if not support.leyline and not state.warned:
+                state.warned = True
+                logger.warning(
+                    "%s: %s; edits go as plain messages, which the server re-prefills",
+                    self.client.base_url,
+                    support.note,
+                )
+        return state.support
+
+    def _close_sessions(self, episodes: Sequence[Episode]) -> Flow[None]:
+        support = self._state.support
+        if support is None or not support.leyline:
+            return
+        for episode in episodes:
+            with contextlib.suppress(openai.APIError):
+                yield self._route("delete", _session_path(episode))
+
+    def _plan(self, call: _Call, summaries: Callable[[SummaryRequest], Flow[str]]) -> Plan:
+        """Planning as blocking work whose requests (the server's rendering, summaries) are
+        flows it runs with the ``run`` the shell gives it."""
+
+        def work(run: Callable[[Flow[Any]], Any]) -> PreparedCall:
+            episode, support = call.episode, call.support
+            planner = episode.planner
+
+            def tokenize(messages: Sequence[Message], tools: list[object] | None) -> Any:
+                return run(self._tokenize(messages, tools))
+
+            renders = support.leyline and episode.directives
+            planner.render = renderer(tokenize, call.tools) if renders else None
+            planner.skills = composes(self.skills, support) if renders else None
+            planner.summarizer = lambda request: run(summaries(request))
+            if self._sends_retention:
+                planner.retention = renders and support.retention
+            try:
+                return episode.prepare(call.agent, support)
+            except RenderUnavailable as exc:
+                logger.info("planning without the server's rendering: %s", exc)
+                planner.render = None
+                return episode.prepare(call.agent, support)
+            finally:
+                planner.render = planner.skills = planner.summarizer = None
+
+        return Plan(work)
+
+    def _mirror(self, episode: Episode) -> Flow[tuple[Dropped, ...] | None]:
+        """Read the session (``GET /leyline/v1/sessions/{id}``) and mirror the spans it
+        dropped; None when it cannot be read or the drops are not ours."""
+        try:
+            data = yield self._route("get", _session_path(episode))
+            info = SessionInfo.model_validate(data)
+        except (openai.APIError, ValidationError) as exc:
+            logger.info("cannot read the session to mirror its drops: %s", exc)
+            return None
+        return episode.mirror(info)
+
+    def _summaries(self, model: object) -> Callable[[SummaryRequest], Flow[str]]:
+        """Summaries (:class:`~.summarize.Summarize`) as plain chat completions of the same
+        model, outside any session; one per request within a call (a re-send reuses it)."""
+        done: dict[str, str] = {}
+
+        def summarize(request: SummaryRequest) -> Flow[str]:
+            options = summary_kwargs(model, request)
+            key = canonical_json(options)
+            if key not in done:
+                done[key] = summary_text((yield Completion(options)))
+            return done[key]
+
+        return summarize
+
+    def _drop_skills(self, exc: openai.APIError, prepared: PreparedCall) -> None:
+        """A compose the server refused (skill gone or bound elsewhere) is not tried again."""
+        if self.skills is None:
+            return
+        for skill in failed_skills(exc, prepared.plan.directives):
+            logger.info("skill %s cannot be composed here; its text goes instead", skill)
+            self.skills.discard(skill)
+
+    @staticmethod
+    def _completion(
+        prepared: PreparedCall, kwargs: dict[str, Any], extra: dict[str, object]
+    ) -> Completion:
+        body = dict(extra)
+        retries = True
+        if prepared.leyline is not None:
+            body[LEYLINE_KEY] = prepared.leyline
+            retries = not prepared.plan.directives  # a 409 is ours to handle
+        messages = [dict(m) for m in prepared.plan.messages]
+        return Completion({"messages": messages, "extra_body": body or None, **kwargs}, retries)
+
+    def _tokenize(
+        self, messages: Sequence[Message], tools: list[object] | None
+    ) -> Flow[TokenizeResponse]:
+        try:
+            data = yield self._route("post", Routes.tokenize, tokenize_body(messages, tools))
+            return TokenizeResponse.model_validate(data)
+        except (openai.APIError, ValidationError) as exc:
+            raise RenderUnavailable(str(exc)[:200]) from exc
+
+    def _route(
+        self, method: Literal["get", "post", "delete"], path: str, body: object = None
+    ) -> Route:
+        return Route(method, server_root(self.client.base_url) + path, body)
+
+
+class Chat:
+    """``client.chat``: its ``completions`` are the wrapper's."""
+
+    def __init__(self, completions: Any) -> None:
+        self.completions = completions
+
+
+@dataclass(eq=False)
+class _Call:
+    """One ``create`` as it goes: where it was routed, and what its record will say."""
+
+    episode: Episode
+    agent: list[Message]
+    support: ServerSupport
+    tools: object
+    new: bool
+    """It opened a new conversation."""
+    prepared: PreparedCall | None = None
+    t0: float = 0.0
+    resync: str | None = None
+    dropped: tuple[Dropped, ...] = ()
+
+    def commit(self, completion: ChatCompletion, *, streamed: bool = False) -> None:
+        assert self.prepared is not None
+        latency = time.perf_counter() - self.t0
+        self.episode.commit(
+            self.prepared,
+            completion,
+            self.support,
+            latency,
+            self.resync,
+            streamed=streamed,
+            new_conversation=self.new,
+            dropped=self.dropped,
+        )
+
+
+def _session_path(episode: Episode) -> str:
+    return Routes.session.format(session=quote(episode.session, safe=""))
+
+
+def _raise_pinned(exc: BaseException, episode: Episode) -> None:
+    """A ``pinned_span`` refusal is the caller's to resolve: raise it typed, change nothing."""
+    error = pinned_error(exc, episode.session)
+    if error is not None:
+        raise error from exc

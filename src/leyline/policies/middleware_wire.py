@@ -1,6 +1,7 @@
-"""The wire side of the OpenAI-client wrappers: probing, request options, tokenize, errors.
+"""The wire side of the OpenAI-client wrappers: the requests their flows yield, probing,
+request options, tokenize, streamed chunks, errors.
 
-No I/O here; :mod:`.middleware` and :mod:`.middleware_async` send what these build.
+No I/O here: :mod:`.middleware` makes the requests, :mod:`.middleware_async` awaits them.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -26,12 +27,49 @@ from leyline.protocol.resources import TokenizeRequest, TokenizeResponse
 
 from .base import SummaryRequest
 from .errors import PinnedSpanError
+from .flows import Flow
 from .messages import Message
 from .skill_refs import SkillBlock, SkillLookup, wire_message
 from .skills import SkillSet
 
 LEYLINE_KEY = "leyline"
 """The key of the Leyline object in a request body (``extra_body``) and in a response."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A request to a Leyline route: ``GET`` or ``DELETE`` ``url``, or ``POST`` ``body``."""
+
+    method: Literal["get", "post", "delete"]
+    url: str
+    body: object = None
+
+    def send(self, client: Any) -> Any:
+        """Make it with an OpenAI client (an async client's answer is to be awaited)."""
+        options = {"body": self.body} if self.method == "post" else {}
+        return getattr(client, self.method)(self.url, cast_to=object, **options)
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A chat completion with these options; ``retries=False``: without the client's retries."""
+
+    options: dict[str, Any]
+    retries: bool = True
+
+    def send(self, client: Any) -> Any:
+        """Make it with an OpenAI client (an async client's answer is to be awaited)."""
+        if not self.retries:
+            client = client.with_options(max_retries=0)
+        return client.chat.completions.create(**self.options)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Blocking work (the planner) whose own requests are flows: ``work(run)`` answers,
+    where ``run`` runs a flow to its result from the thread ``work`` runs in."""
+
+    work: Callable[[Callable[[Flow[Any]], Any]], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +255,57 @@ class ChunkAccumulator:
         if self.leyline is not None:
             body[LEYLINE_KEY] = self.leyline
         return ChatCompletion.model_validate(body)
+
+
+class StreamBase:
+    """What :class:`~.middleware.LeylineStream` and :class:`~.middleware_async.AsyncLeylineStream`
+    share: the wrapped stream, its chunks so far, and when the call is committed (once):
+    when the server's report is complete (with the final chunk on a Leyline server), when the
+    stream ends, or with None when it fails or is closed first. The shells iterate."""
+
+    _errors: ClassVar[type[BaseException]] = Exception
+    """What the wrapped stream raises that commits (the async shell: cancellation too)."""
+
+    def __init__(
+        self, stream: Any, commit: Callable[[ChatCompletion | None], Any], *, reported: bool
+    ) -> None:
+        self._stream = stream
+        self._commit = commit
+        self._reported = reported
+        self._chunks = ChunkAccumulator()
+        self._done = False
+        self._iterator = self._iterate(stream)
+
+    @staticmethod
+    def _iterate(stream: Any) -> Any:
+        """The wrapped stream's iterator (``iter`` or ``__aiter__``)."""
+        raise NotImplementedError
+
+    def _received(self, chunk: BaseModel) -> Any:
+        """Take a chunk; what ``commit`` answered if the report is complete now, else None."""
+        self._chunks.add(chunk)
+        if self._reported and self._chunks.has_report and self._chunks.usage is not None:
+            return self._settle(self._chunks.completion())
+        return None
+
+    def _ended(self, error: BaseException) -> Any:
+        """The wrapped stream raised ``error`` (its end, or a failure): commit accordingly."""
+        if not isinstance(error, self._errors):
+            return None
+        end = isinstance(error, StopIteration | StopAsyncIteration)
+        return self._settle(self._chunks.completion() if end else None)
+
+    def _settle(self, completion: ChatCompletion | None) -> Any:
+        """``commit(completion)`` the first time; None after."""
+        if self._done:
+            return None
+        self._done = True
+        return self._commit(completion)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "_stream" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["_stream"], name)
 
 
 def renderer(

@@ -1,15 +1,5 @@
 """The pure core of the middleware: what to send each turn, and what was served.
 
-A wrapper around an OpenAI client is a thin layer over :class:`TurnPlanner`::
-
-    plan = planner.plan(agent_messages)           # policy edits + directives, no I/O
-    response = client.chat.completions.create(
-        messages=plan.messages, extra_body={"leyline": plan.leyline(session).model_dump()})
-    planner.commit(plan, leyline_response)         # only once the server answered
-
-Nothing changes before :meth:`TurnPlanner.commit`, so a failed request leaves the planner as
-it was (retry, or :meth:`TurnPlanner.drop_session` and re-prefill).
-
 The agent owns its message list and may rewrite it (diff mode); the policy's edits are a
 log replayed onto that list each turn. A logged edit of a message the agent has since
 changed is dropped: the agent's own change wins.
@@ -92,7 +82,15 @@ class TurnPlan:
 
 
 class TurnPlanner:
-    """Turns an agent's message list into what to send, turn after turn. No I/O.
+    """Turns an agent's message list into what to send, turn after turn. No I/O::
+
+        plan = planner.plan(agent_messages)           # policy edits + directives
+        response = client.chat.completions.create(
+            messages=plan.messages, extra_body={"leyline": plan.leyline(session).model_dump()})
+        planner.commit(plan, leyline_response)         # only once the server answered
+
+    Nothing changes before :meth:`commit`, so a failed request leaves the planner as it was
+    (retry, or :meth:`drop_session` and re-prefill).
 
     ``skills`` looks up skill messages (see :mod:`.skills`); with it and ``render``, a new
     skill message is composed (the server inserts its precomputed KV) instead of prefilled.

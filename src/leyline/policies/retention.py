@@ -1,18 +1,10 @@
-"""Retention policies: pin messages, and drop reasoning once its turn is over.
+"""Retention policies: pin messages (:class:`Pin`), and drop reasoning once its turn is
+over (:class:`ScratchReasoning`).
 
-* :class:`Pin` (``pin``) pins messages by role, by tool, by index or by a predicate. No
-  policy may edit a pinned message (``run_policy`` refuses it), and on a Leyline server the
-  planner sends a ``pin`` directive (with ``ttl_s`` if given) once the message is in the
-  session, so the server refuses edits of it too (``pinned_span``) and evicts its session
-  last. On a server without Leyline a pin is a constraint on the policies only.
-* :class:`ScratchReasoning` (``scratch``) drops the reasoning of all but the last ``keep``
-  assistant messages (a thinking block in the content, or a ``reasoning_content`` field):
-  the analogue of clearing old thinking blocks. On a Leyline server that executes
-  ``scratch`` the reasoning is marked ``scratch`` (the server drops it when the generation
-  that follows completes, and the planner mirrors the drop); elsewhere it is removed from the
-  transcript by an edit, once, and stays removed byte for byte.
-
-Neither does I/O; the planner turns their pins and marks into directives.
+Neither does I/O. On a Leyline server the planner sends their pins and ``scratch`` marks as
+directives (the server then refuses edits of a pinned message and drops marked reasoning
+itself); elsewhere a pin only constrains the policies and reasoning is removed by an edit,
+once, and stays removed byte for byte.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ from pydantic import Field, field_validator
 from leyline.protocol import Mode
 from leyline.protocol.directives import MAX_PIN_TTL_S
 
-from .base import EditMode, Policy, PolicyContext
+from .base import EditMode, Policy, PolicyContext, regex_option
 from .edits import MarkSpan, PolicyEdit, ReplaceContent, ReplaceMessage
 from .messages import Message, message_key, with_content
 from .transcript import Transcript
@@ -39,7 +31,9 @@ class Pin(Policy):
     """Pin messages: by ``roles`` (``["system"]``), by ``tools`` (the outputs of those
     tools), by ``messages`` (indices; negative ones count from the end) or by ``predicate``
     (in code only, not in a config string). ``ttl_s`` goes with the ``pin`` directives.
-    Proposes no edits."""
+    Proposes no edits: no policy may edit a pinned message (``run_policy`` refuses it), and
+    on a Leyline server the planner pins it once it is in the session, so the server refuses
+    edits of it too (``pinned_span``) and evicts its session last."""
 
     type: Literal["pin"] = "pin"
     roles: tuple[str, ...] = ()
@@ -93,10 +87,7 @@ class ScratchReasoning(Policy):
     @field_validator("pattern")
     @classmethod
     def _regex(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"invalid regex {value!r}: {exc}") from None
+        regex_option(value, "invalid regex {value!r}: {exc}")
         if not value:
             raise ValueError("the pattern must not be empty")
         return value

@@ -1,56 +1,19 @@
-"""``SkillLibrary``: named skills registered once on a Leyline server, composed into sessions.
+"""Skills: chat messages whose KV a Leyline server computes once and composes into sessions.
 
-A skill here is a chat message (a system prompt, a policy text, tool specs rendered as text,
-a document) whose KV the server computes once (``POST /leyline/v1/skills``) and inserts where
-the message goes in a session (``compose``) instead of prefilling it::
-
-    library = SkillLibrary(LeylineClient("http://127.0.0.1:8000"))
-    library.register("rules", RULES_TEXT, role="user")
-    messages.append(library.message("rules"))   # its content is RULES_TEXT
-    client = LeylineOpenAI(openai_client, skills=library)
-
-**The block rule.** A compose must insert exactly the tokens the server renders for that
-message in the chat request, or the request no longer extends the edited cache. So a skill
-is registered as *token ids*: the server's own rendering (``POST /leyline/v1/tokenize``) of
-``[*context, message]``, cut at the message's span (from the end of the message before it
-to its own end, so a separator between messages goes with it). Not ``messages=[message]``:
-that rendering holds what a template puts before a first message (BOS, a default system
-prompt). Templates that render a message the same wherever it follows another (the usual
-ones) give one block for every position past the first; where the rendering in a
-conversation differs (the first message, a tool list merged into a system message, a
-template that looks at neighbours), the planner sees that the block is not the message's
-tokens there and sends the text instead, saying why in the call record. Registering with
-the conversation's real opening as ``context`` is the fix when the default context is
-refused or renders differently.
-
-``anchored=True`` also sends the tokens before the block in that rendering as the skill's
-``anchor``: the server compiles the block after them instead of alone, so the block does not
-play the start of a sequence (servers whose capabilities say ``skill_anchors``).
-
-``recompute=`` asks each compose for selective recompute past the seam (the directive's
-``recompute``; None, the default, leaves it at ``{"mode": "none"}``). With
-``recompute=RecomputeAttention(mode="attention", ratio=0.3)``, on a server whose
-capabilities list ``attention`` in ``compose_recompute``, the question asked in the same
-turn (the tokens after the block in that request) ranks the block's tokens, and the 30% it
-attends to most are recomputed in context: on SmolLM2 that brought the KL against a full
-prefill to 0.002-0.027 (from up to 0.43), at the cost of one forward of the question plus
-the recomputed tokens (docs/evals-compose.md). It is a per-compose choice, not part of the
-skill: the server holds the same block whatever is asked, the id does not change, and
-registering a skill again with another ``recompute`` (or ``seam_tokens``) updates the
-remembered entry without a request. Where the server does not execute the mode asked, the
-middleware sends the message as text instead of a compose the server would refuse.
-
-Skill ids come from the name and the block (and the anchor, when sent): the same text gives
-the same id and content hash in every library and process (registering it again recomputes
-nothing on the server), and a changed text gets a new id instead of replacing a block other
-sessions are composing.
+:class:`SkillSet` remembers the registered skills (what the middleware looks up);
+:class:`SkillLibrary` and :class:`AsyncSkillLibrary` register them through a
+``LeylineClient`` / ``AsyncLeylineClient``, one sans-IO flow for both. A skill is registered
+as the server's own rendering of its message (the block rule, anchors, selective recompute
+and skill ids are in docs/policies.md, "Skills (compose)").
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from operator import methodcaller
+from typing import Any, Generic, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -60,6 +23,7 @@ from leyline.protocol.resources import Message as WireMessage
 from leyline.protocol.resources import SkillAnchor, SkillInfo, TokenizeResponse
 
 from .errors import SkillError
+from .flows import Flow, arun, run
 from .messages import ROLES, Message, canonical_json, content_text
 from .skill_refs import SKILL_KEY, SkillBlock, skill_id_of
 
@@ -68,6 +32,9 @@ DEFAULT_SKILL_CONTEXT: tuple[Message, ...] = (
 )
 """What a skill message is rendered after when registered: any message, since the block is
 the skill message's own span; override it where a template refuses this one."""
+
+C = TypeVar("C", LeylineClient, AsyncLeylineClient)
+R = TypeVar("R")
 
 _ID_NAME_CHARS = 100  # + "-" + 16 hex digits stays within the protocol's 128
 
@@ -318,16 +285,13 @@ def skill_id(name: str, tokens: Sequence[int], anchor: Sequence[int] = ()) -> st
     return f"{name[:_ID_NAME_CHARS]}-{digest.hexdigest()[:16]}"
 
 
-class SkillLibrary(SkillSet):
-    """Registers skills through a :class:`~leyline.protocol.client.LeylineClient`.
-
-    Pass it to :class:`~.middleware.LeylineOpenAI` (``skills=``); see the module docstring
-    for the block rule. The other arguments are :class:`SkillSet`'s.
-    """
+class _Library(SkillSet, Generic[C, R]):
+    """A :class:`SkillSet` that registers through a client; ``register`` answers an ``R``
+    (a :class:`SkillEntry`, or for the async shell an awaitable of one)."""
 
     def __init__(
         self,
-        client: LeylineClient,
+        client: C,
         *,
         context: Sequence[Message] = DEFAULT_SKILL_CONTEXT,
         seam_tokens: int = 4,
@@ -342,7 +306,7 @@ class SkillLibrary(SkillSet):
             anchored=anchored,
             recompute=recompute,
         )
-        self.client = client
+        self.client: C = client
 
     def register(
         self,
@@ -355,7 +319,7 @@ class SkillLibrary(SkillSet):
         seam_tokens: int | None = None,
         recompute: Recompute | None = None,
         **fields: object,
-    ) -> SkillEntry:
+    ) -> R:
         """Register ``text`` as the skill ``name``: a ``role`` message with ``fields``.
 
         ``seam_tokens`` and ``recompute`` override the library's for this skill's composes
@@ -373,70 +337,57 @@ class SkillLibrary(SkillSet):
             LeylineError: the server refused (e.g. ``limit_exceeded``; ``not_found`` from a
                 server without skills).
         """
-        request = self._registration(name, text, role, context, seam_tokens, recompute, fields)
+
+        def checked() -> _Registration:
+            return self._registration(name, text, role, context, seam_tokens, recompute, fields)
+
+        return self._run(self._registering(checked, description))
+
+    def _registering(
+        self, checked: Callable[[], _Registration], description: str | None
+    ) -> Flow[SkillEntry]:
+        """One ``register``, checked when the flow starts: it yields the client calls to
+        make (``tokenize``, then ``create_skill``) and is sent their answers."""
+        request = checked()
         if (cached := self._cached(request)) is not None:
             return cached
-        upload = request.upload(self.client.tokenize(messages=request.rendering()))
-        info = self.client.create_skill(
+        rendered = yield methodcaller("tokenize", messages=request.rendering())
+        upload = request.upload(rendered)
+        info = yield methodcaller(
+            "create_skill",
             upload.skill,
             tokens=upload.tokens,
             model=self.model,
-            name=name[:256],
+            name=request.name[:256],
             description=description,
             anchor=upload.anchor_body(),
         )
         return self._remember(request.entry(upload.tokens, info))
 
+    def _call(self, call: methodcaller) -> Any:
+        return call(self.client)
 
-class AsyncSkillLibrary(SkillSet):
-    """The async twin of :class:`SkillLibrary` (an ``AsyncLeylineClient``; ``await
-    library.register(...)``), for :class:`~.middleware_async.AsyncLeylineOpenAI`."""
+    def _run(self, flow: Flow[SkillEntry]) -> R:
+        raise NotImplementedError
 
-    def __init__(
-        self,
-        client: AsyncLeylineClient,
-        *,
-        context: Sequence[Message] = DEFAULT_SKILL_CONTEXT,
-        seam_tokens: int = 4,
-        model: str | None = None,
-        anchored: bool = False,
-        recompute: Recompute | None = None,
-    ) -> None:
-        super().__init__(
-            context=context,
-            seam_tokens=seam_tokens,
-            model=model,
-            anchored=anchored,
-            recompute=recompute,
-        )
-        self.client = client
 
-    async def register(
-        self,
-        name: str,
-        text: str,
-        *,
-        role: str = "system",
-        context: Sequence[Message] | None = None,
-        description: str | None = None,
-        seam_tokens: int | None = None,
-        recompute: Recompute | None = None,
-        **fields: object,
-    ) -> SkillEntry:
-        """See :meth:`SkillLibrary.register`."""
-        request = self._registration(name, text, role, context, seam_tokens, recompute, fields)
-        if (cached := self._cached(request)) is not None:
-            return cached
-        upload = request.upload(await self.client.tokenize(messages=request.rendering()))
-        info = await self.client.create_skill(
-            upload.skill,
-            tokens=upload.tokens,
-            model=self.model,
-            name=name[:256],
-            description=description,
-            anchor=upload.anchor_body(),
-        )
-        return self._remember(request.entry(upload.tokens, info))
+class SkillLibrary(_Library[LeylineClient, SkillEntry]):
+    """Registers skills through a :class:`~leyline.protocol.client.LeylineClient`.
+
+    Pass it to :class:`~.middleware.LeylineOpenAI` (``skills=``). The other arguments are
+    :class:`SkillSet`'s.
+    """
+
+    def _run(self, flow: Flow[SkillEntry]) -> SkillEntry:
+        return run(flow, self._call)
+
+
+class AsyncSkillLibrary(_Library[AsyncLeylineClient, Coroutine[Any, Any, SkillEntry]]):
+    """:class:`SkillLibrary` over an ``AsyncLeylineClient`` (``await library.register(...)``),
+    for :class:`~.middleware_async.AsyncLeylineOpenAI`."""
+
+    async def _run(self, flow: Flow[SkillEntry]) -> SkillEntry:
+        return await arun(flow, self._call)
 
 
 def _id_bytes(ids: Sequence[int]) -> bytes:

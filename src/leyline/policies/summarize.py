@@ -1,16 +1,9 @@
 """Replace a range of old turns with a summary the serving model writes.
 
-The condensers of OpenHands and mini-swe-agent and LangChain's ``SummarizationMiddleware``
-do this and re-prefill the whole context after the summary. Here the summary goes in as one
-``splice``: the range is cut, the summary message is prefilled in its place, and the KV of
-the turns kept after it stays. On a server without Leyline the summary simply replaces the
-messages.
-
-The summary is a plain chat completion on the same server (no session: it does not touch
-the episode's cache), asked through the ``summarizer`` of the policy context, which the
-OpenAI-client wrappers provide. Its messages are the conversation up to the end of the
-range, as the policy sees it (earlier stubs included), followed by ``prompt`` as a user
-message: a prefix the server has just served, so a prefix cache serves it too.
+Condensers elsewhere (OpenHands, mini-swe-agent, LangChain's ``SummarizationMiddleware``)
+re-prefill the whole context after the summary; here it goes in as one ``splice`` and the KV
+of the turns kept after it stays. On a server without Leyline the summary simply replaces
+the messages.
 """
 
 from __future__ import annotations
@@ -44,6 +37,12 @@ class Summarize(Policy):
     turns; a summary this policy wrote earlier is part of the range, so summaries fold into
     the next one instead of piling up. A pinned message ends the range early. Nothing
     happens while the range holds fewer than ``min_messages`` messages or no assistant turn.
+
+    The summary is a plain chat completion on the same server (no session: it does not touch
+    the episode's cache), asked through the ``summarizer`` of the policy context, which the
+    OpenAI-client wrappers provide. Its messages are the conversation up to the end of the
+    range, as the policy sees it (earlier stubs included), followed by ``prompt`` as a user
+    message: a prefix the server has just served, so a prefix cache serves it too.
     """
 
     type: Literal["summarize"] = "summarize"

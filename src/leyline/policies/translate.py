@@ -1,25 +1,9 @@
 """Message edits -> protocol directives, addressed with the spans the server reported.
 
 One path serves both sources of edits: policy edits (:func:`edits_to_directives`) and an
-agent's own rewrite of its message list (:func:`infer_directives`, "diff mode"). Both
-reduce to an old message list (the server's cached revision), a new one, and an alignment
-between them; :func:`plan_directives` turns that into a batch:
-
-* a message whose content changed (same role, ids and tool calls) -> a splice of its
-  ``content`` part, with the new text (or, given ``render``, the server's own tokens);
-* messages removed -> a splice of each one ``all`` (or one token span over them);
-* messages inserted or replaced whole -> a token-span splice whose replacement is the new
-  messages as the server renders them. That needs ``render`` (the server's tokenize of a
-  message list); without it the plan falls back: send the messages, the server re-prefills;
-* messages after the last cached one -> no directive: the request's messages extend the
-  session (cached messages they replace are removed first). When the batch edits anyway
-  and the cached tail (generation prompt, reply) holds a reply that was not sent back
-  (``replace_tail``), the first of them replaces the tail given ``render``, so the server
-  keeps the tokens the two share;
-* a new skill message (``skills``) whose registered block is exactly its tokens in the new
-  rendering -> a ``compose`` where the message goes instead of its tokens. Among the
-  appended messages that needs ``tail`` (the cached generation prompt and reply), which the
-  batch then replaces with the messages before the skill.
+agent's own rewrite of its message list (:func:`infer_directives`, "diff mode"); both reduce
+to an old message list, a new one and an alignment, which :func:`plan_directives` turns
+into a batch.
 """
 
 from __future__ import annotations
@@ -92,6 +76,22 @@ def plan_directives(
     replace_tail: bool = False,
 ) -> DirectivePlan:
     """Directives that turn the tokens of ``old`` into those of ``new`` (minus appended ones).
+
+    * a message whose content changed (same role, ids and tool calls) -> a splice of its
+      ``content`` part, with the new text (or, given ``render``, the server's own tokens);
+    * messages removed -> a splice of each one ``all`` (or one token span over them);
+    * messages inserted or replaced whole -> a token-span splice whose replacement is the new
+      messages as the server renders them. That needs ``render`` (the server's tokenize of a
+      message list); without it the plan falls back: send the messages, the server re-prefills;
+    * messages after the last cached one -> no directive: the request's messages extend the
+      session (cached messages they replace are removed first). When the batch edits anyway
+      and the cached tail (generation prompt, reply) holds a reply that was not sent back
+      (``replace_tail``), the first of them replaces the tail given ``render``, so the server
+      keeps the tokens the two share;
+    * a new skill message (``skills``) whose registered block is exactly its tokens in the new
+      rendering -> a ``compose`` where the message goes instead of its tokens. Among the
+      appended messages that needs ``tail`` (the cached generation prompt and reply), which the
+      batch then replaces with the messages before the skill.
 
     Args:
         old: the messages of the server's cached revision.

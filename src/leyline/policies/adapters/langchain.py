@@ -2,24 +2,9 @@
 
 ``leyline_chat_openai(model, base_url, policy=...)`` is a ``langchain_openai.ChatOpenAI``
 whose clients are Leyline's: :class:`~leyline.policies.LeylineOpenAI` for ``invoke`` /
-``stream`` and :class:`~leyline.policies.AsyncLeylineOpenAI` for ``ainvoke`` / ``astream``.
-Use it as any chat model: ``langchain.agents.create_agent(model=..., tools=...)``, a chain,
-``bind_tools``.
-
-What ChatOpenAI needs beyond the OpenAI client that the wrappers are:
-
-* it calls ``client.chat.completions`` through ``with_raw_response.create(...)`` and reads
-  ``.parse()`` (and ``.headers`` when ``include_response_headers``) of the answer; the
-  wrappers' ``chat.completions`` has ``create`` only, so ChatOpenAI gets a small facade
-  (``LeylineCompletions`` / ``AsyncLeylineCompletions``) whose raw answer parses to the
-  wrapper's ``ChatCompletion`` (no HTTP headers: the wrapper's answer has none);
-* Chat Completions, not the Responses API (``use_responses_api=False``): ``leyline serve``
-  serves ``/v1/chat/completions``; ``response_format`` (structured output through
-  ``beta.chat.completions.parse``) goes to the wrapped client, so it bypasses Leyline.
-
-The sync and async wrappers are two wrappers: a conversation driven through both ``invoke``
-and ``ainvoke`` is two episodes (each correct, on its own session). ``langchain_openai`` is
-imported when :func:`leyline_chat_openai` is called, never at import time.
+``stream``, :class:`~leyline.policies.AsyncLeylineOpenAI` for ``ainvoke`` / ``astream``.
+What ChatOpenAI needs of them, and the limits, are in docs/frameworks/langchain.md.
+``langchain_openai`` is imported when :func:`leyline_chat_openai` is called, never at import.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """The OpenAI Agents SDK on a Leyline server (``pip install 'leyline[agents]'``).
 
-The Agents SDK speaks to a server through an ``openai.AsyncOpenAI``; its Chat Completions
-model (``OpenAIChatCompletionsModel``) is the one an OpenAI-compatible server serves (the
-default Responses model needs ``/v1/responses``, which ``leyline serve`` does not have). So
-the adapter is :class:`~leyline.policies.AsyncLeylineOpenAI` around the client, handed to
-that model:
-
-* ``leyline_agents_model(model, base_url, policy=...)``: a model for ``Agent(model=...)``;
-* ``use_leyline_by_default(base_url, policy=...)``: the same client as the SDK's default
-  (``set_default_openai_client``, Chat Completions as the default API), for agents that name
-  their model by string.
-
-What the SDK reads of the client and how the wrapper answers it: ``base_url`` (the message
-converter and the "is this OpenAI" checks) and ``api_key`` (``set_default_openai_client``)
-are the wrapped client's; ``with_options(max_retries=0)`` (the runner's retry settings turn
-the provider's retries off that way) returns a wrapper that goes on with the same
-conversations; ``stream=True`` (``Runner.run_streamed``) streams with directives. Each
-``Runner.run`` of a new task is a new conversation, so a new Leyline session; its turns
-continue that session with splices.
-
+The SDK's Chat Completions model (``OpenAIChatCompletionsModel``) gets an
+:class:`~leyline.policies.AsyncLeylineOpenAI` as its client: ``leyline_agents_model`` for
+``Agent(model=...)``, ``use_leyline_by_default`` to make it the SDK's default. What the SDK
+reads of the client and how the wrapper answers are in docs/frameworks/openai-agents.md.
 The ``agents`` package is imported when a function here is called, never at import time.
 """
 
