@@ -16,13 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from leyline.core.batch import common_prefix
-from leyline.engine.sampling import SamplingParams
+from leyline.core.turns import OnToken, SamplingParams
 from leyline.protocol import ErrorCode, FallbackReason, LeylineError
 from leyline.protocol.algebra import Edit, apply_edits
 from leyline.protocol.directives import Mode
-from leyline.serve.turns import OnToken
-from leyline.sglang.backend import BlockSource, SchedulerAnswer
-from leyline.sglang.runner import Generated
+from leyline.sglang.link import BlockSource, Generated, SchedulerAnswer
 
 
 class ScriptedScheduler:

@@ -1,12 +1,11 @@
 """Chat turns with directives through one ``LeylineService``, on both backends.
 
-The reference engine runs its turns in its model scheduler (``EngineRunner``, real SmolLM2;
-generations batched, or inside their job);
-SGLang's runner (``SglangRunner``) runs the edit in a scripted scheduler and generates with
-a scripted generator (``scripted_scheduler``: same ids every time, labelled as such; the
-live server is ``tests/sglang_live/test_chat.py``). What the service promises must hold on
-both: the report says what ran, the session holds the prompt and the reply, and a rejected
-request changes nothing.
+The reference engine runs its turns in its model scheduler (``EngineBackend.run_turn``,
+real SmolLM2, generations batched); SGLang's (``SglangBackend.run_turn``) runs the edit in a
+scripted scheduler and generates with a scripted generator (``scripted_scheduler``: same
+ids every time, labelled as such; the live server is ``tests/sglang_live/test_chat.py``).
+What the service promises must hold on both: the report says what ran, the session holds
+the prompt and the reply, and a rejected request changes nothing.
 """
 
 from __future__ import annotations
@@ -22,11 +21,9 @@ from leyline.engine.backend import EngineBackend
 from leyline.engine.engine import Engine
 from leyline.engine.models import LoadedModel
 from leyline.protocol import ErrorCode, LeylineError, Limits
-from leyline.serve.engine_runner import EngineRunner
 from leyline.serve.service import LeylineService
 from leyline.serve.settings import ServerSettings
 from leyline.sglang.backend import SglangBackend
-from leyline.sglang.runner import SglangRunner
 
 from .scripted_scheduler import ScriptedGenerator, ScriptedScheduler
 
@@ -42,27 +39,26 @@ def engine(smollm2: LoadedModel) -> Engine:
     return Engine(smollm2, limits=LIMITS)
 
 
-@pytest.fixture(params=["engine", "engine-inline", "sglang"])
+@pytest.fixture(params=["engine", "sglang"])
 def service(request: pytest.FixtureRequest, engine: Engine) -> Iterator[LeylineService[Any]]:
     settings = ServerSettings(max_new_tokens=4)
-    if request.param.startswith("engine"):
-        # engine-inline: each generation inside its job (the pre-scheduler baseline).
-        inline = request.param == "engine-inline"
-        backend: Any = EngineBackend(
-            engine, limits=LIMITS, model_name="smollm2", inline_decode=inline
-        )
-        yield LeylineService(backend, EngineRunner(backend), settings, model_name="smollm2")
+    if request.param == "engine":
+        backend: Any = EngineBackend(engine, limits=LIMITS, model_name="smollm2")
+        yield LeylineService(backend, settings, model_name="smollm2")
         backend.shutdown()
     else:
         scheduler = ScriptedScheduler()
-        backend = SglangBackend(
-            scheduler, engine.tokenizer, limits=LIMITS, vocab_size=engine.vocab_size
-        )
         stop = engine.loaded.eos_token_ids[0]
+        backend = SglangBackend(
+            scheduler,
+            engine.tokenizer,
+            limits=LIMITS,
+            vocab_size=engine.vocab_size,
+            stop_token_ids=[stop],
+        )
         reply = engine.encode("Step 3.")  # ids that render back as themselves
-        generator = ScriptedGenerator(scheduler, reply, stop, backend.decode)
-        runner = SglangRunner(backend, generator, [stop])
-        yield LeylineService(backend, runner, settings, model_name="smollm2")
+        backend.generator = ScriptedGenerator(scheduler, reply, stop, backend.decode)
+        yield LeylineService(backend, settings, model_name="smollm2")
 
 
 def _messages(tool: str, *more: dict[str, Any]) -> list[dict[str, Any]]:
@@ -91,11 +87,12 @@ def test_a_chat_turn_splices_by_message_anchor(service: LeylineService[Any]) -> 
     tokens, revision = state(service, "s")
     assert first.leyline.revision == revision
     assert tokens[: first.prompt_tokens] == tuple(
-        service.runner.render(
+        service.backend.renderer.render(
             ChatCompletionRequest.model_validate(
                 {"model": "m", "messages": _messages(TOOL_OUTPUT)}
             ).messages,
             None,
+            add_generation_prompt=True,
         ).tokens
     )
     assert tokens[first.prompt_tokens :] == first.generation.tokens  # the reply is held

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from leyline.core.openai_types import parse_chat
 from leyline.core.service import SessionService
 from leyline.core.sessions import SessionStore
 from leyline.engine.backend import EngineBackend
@@ -250,7 +251,8 @@ def test_a_session_from_messages_can_end_with_the_generation_prompt(
 ) -> None:
     plain = create(service, session="p", messages=MESSAGES)
     ready = create(service, session="g", messages=MESSAGES, add_generation_prompt=True)
-    want = service.backend.render(MESSAGES, None, add_generation_prompt=True).tokens
+    chat, _ = parse_chat(MESSAGES)
+    want = service.backend.renderer.render(chat, None, add_generation_prompt=True).tokens
     assert tuple(state(service, "g").tokens) == want
     assert ready.num_tokens > plain.num_tokens
     assert tuple(state(service, "g").tokens[: plain.num_tokens]) == tuple(

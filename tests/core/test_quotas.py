@@ -18,7 +18,8 @@ from leyline.core.service import SessionService
 from leyline.core.sessions import Evicted, SessionStore
 from leyline.protocol import Capabilities, ErrorCode, LeylineError, Limits
 from leyline.protocol.resources import SessionCreate
-from leyline.sglang.backend import SglangBackend, SglangSession
+from leyline.sglang.backend import SglangBackend
+from leyline.sglang.session import SglangSession
 
 from .scripted_scheduler import ScriptedScheduler
 

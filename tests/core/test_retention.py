@@ -1,6 +1,6 @@
 """PIN, DECAY and SCRATCH on the session core, held by both backends (docs/protocol.md, 3.5).
 
-Each test runs on the reference engine (real SmolLM2 weights, ``EngineRunner``) and on the
+Each test runs on the reference engine (real SmolLM2 weights, ``EngineBackend``) and on the
 SGLang backend over a scripted scheduler and a scripted generator (same ids every time,
 labelled as such in ``scripted_scheduler``). The expected token sequences come from the
 protocol's edit algebra applied to what the session held, not from the server's report.
@@ -21,11 +21,10 @@ from leyline.engine.engine import Engine
 from leyline.engine.models import LoadedModel
 from leyline.protocol import Edit, ErrorCode, LeylineError, Limits, Mode, apply_edits
 from leyline.protocol.resources import ApplyDirectives
-from leyline.serve.engine_runner import EngineRunner
 from leyline.serve.service import LeylineService
 from leyline.serve.settings import ServerSettings
-from leyline.sglang.backend import SglangBackend, SglangSession
-from leyline.sglang.runner import SglangRunner
+from leyline.sglang.backend import SglangBackend
+from leyline.sglang.session import SglangSession
 
 from .scripted_scheduler import ScriptedGenerator, ScriptedScheduler
 
@@ -53,15 +52,18 @@ def make(kind: str, engine: Engine, **settings: Any) -> tuple[LeylineService[Any
     config = ServerSettings(max_new_tokens=3, **settings)
     if kind == "engine":
         backend: Any = EngineBackend(engine, limits=LIMITS, model_name="smollm2")
-        return LeylineService(backend, EngineRunner(backend), config, model_name="m"), backend
+        return LeylineService(backend, config, model_name="m"), backend
     scheduler = ScriptedScheduler()
-    backend = WeighedSglang(
-        scheduler, engine.tokenizer, limits=LIMITS, vocab_size=engine.vocab_size
-    )
     stop = engine.loaded.eos_token_ids[0]
-    generator = ScriptedGenerator(scheduler, engine.encode("Done."), stop, backend.decode)
-    runner = SglangRunner(backend, generator, [stop])
-    return LeylineService(backend, runner, config, model_name="m"), backend
+    backend = WeighedSglang(
+        scheduler,
+        engine.tokenizer,
+        limits=LIMITS,
+        vocab_size=engine.vocab_size,
+        stop_token_ids=[stop],
+    )
+    backend.generator = ScriptedGenerator(scheduler, engine.encode("Done."), stop, backend.decode)
+    return LeylineService(backend, config, model_name="m"), backend
 
 
 @pytest.fixture(params=["engine", "sglang"])

@@ -21,7 +21,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from leyline.protocol.algebra import Edit
 from leyline.protocol.errors import ErrorCode, LeylineError
-from leyline.sglang.backend import BlockSource
+from leyline.sglang.link import BlockSource
 from leyline.sglang.scheduler_side import HELD_SHARE, handle
 from leyline.sglang.tree_ops import TreeOps
 from leyline.sglang.wire import to_wire

@@ -24,7 +24,8 @@ from leyline.protocol.directives import ComposeDirective, ForgetDirective, Splic
 from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCreate
 from leyline.protocol.spans import TokenSpan
 from leyline.sglang import plugin
-from leyline.sglang.backend import BlockSource, SchedulerAnswer, SglangBackend, checked
+from leyline.sglang.backend import SglangBackend
+from leyline.sglang.link import BlockSource, SchedulerAnswer, checked
 from leyline.sglang.scheduler_side import handle
 from leyline.sglang.tree_ops import TreeOps
 from leyline.sglang.wire import LeylineSpliceReqInput, LeylineSpliceReqOutput, from_wire, to_wire

@@ -14,7 +14,7 @@ import torch
 
 from leyline.protocol.resources import Routes
 
-from ..server.conversation import TOOLS, turn1
+from ..serve.conversation import TOOLS, turn1
 from ._live import TOLERANCE, record
 
 if TYPE_CHECKING:

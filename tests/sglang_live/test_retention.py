@@ -16,7 +16,7 @@ import httpx
 
 from leyline.protocol.resources import Routes
 
-from ..server.conversation import TOOLS, turn1
+from ..serve.conversation import TOOLS, turn1
 from ._live import TOLERANCE, generate, max_delta, record, reference_logprobs
 
 if TYPE_CHECKING:

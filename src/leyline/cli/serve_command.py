@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 import time
+from dataclasses import fields
 from typing import Any
 
 
@@ -155,12 +156,6 @@ def register(commands: Any) -> None:
         metavar="TOKENS",
         help="tokens a prefill runs per forward; other work may run between chunks",
     )
-    sched.add_argument(
-        "--inline-decode",
-        action="store_true",
-        help="decode each turn inside its job, unbatched; with --max-running-jobs 1 the "
-        "server runs one request's model work after another (a baseline for benchmarks)",
-    )
     parser.set_defaults(run=run)
 
 
@@ -181,31 +176,13 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     retained = not args.release_freed_memory and _retain_freed_memory()
     try:
+        # Every setting has a flag of its name, but those given in other units or a file.
+        named = {f.name: getattr(args, f.name) for f in fields(ServerSettings) if f.name in args}
         settings = ServerSettings(
-            model=args.model,
-            dtype=args.dtype,
-            host=args.host,
-            port=args.port,
-            api_key=args.api_key,
+            **named,
             api_keys=load_api_keys(args.api_keys_file) if args.api_keys_file else (),
-            log_level=args.log_level,
-            max_body_bytes=args.max_body_bytes,
-            max_directives=args.max_directives,
-            max_replacement_tokens=args.max_replacement_tokens,
-            max_session_tokens=args.max_session_tokens,
-            max_sessions=args.max_sessions,
             max_cache_bytes=int(args.max_cache_gib * 1024**3),
-            tenant_max_sessions=args.tenant_max_sessions,
             tenant_max_cache_bytes=_gib_or_none(args.tenant_max_cache_gib),
-            max_new_tokens=args.max_new_tokens,
-            served_model_name=args.served_model_name,
-            max_running_jobs=args.max_running_jobs,
-            max_decode_batch=args.max_decode_batch,
-            decode_share=args.decode_share,
-            schedule=args.schedule,
-            schedule_aging=args.schedule_aging,
-            prefill_chunk=args.prefill_chunk,
-            inline_decode=args.inline_decode,
         )
         t0 = time.perf_counter()
         app = build_app(settings, prefix_cache_bytes=int(args.prefix_cache_gib * 1024**3))

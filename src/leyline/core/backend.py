@@ -1,34 +1,35 @@
-"""The one small interface a serving backend implements for the session core.
+"""The one interface a serving backend implements for the session core and the server.
 
 The core owns sessions, revisions, leases, limits, tenants, planning and the routes; a
-backend owns a KV cache. It opens a handle per session, makes a handle hold a token
-sequence (``prefill``), executes checked plans (``execute``) and says what it did. The
-reference engine (``leyline.engine.backend``) and the SGLang plugin
-(``leyline.sglang.backend``) are the two implementations.
+backend owns a KV cache and the model: it opens a handle per session, makes it hold tokens
+(``prefill``), executes checked plans (``execute``) and runs a chat or completions turn
+(``run_turn``). Implemented by ``leyline.engine.backend`` and ``leyline.sglang.backend``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from leyline.core.batch import EditPlan, SessionView
+from leyline.core.chat.render import BackendRenderer
 from leyline.core.report import OpReport
+from leyline.core.turns import Outcome, Turn
 from leyline.protocol.capabilities import Capabilities, Limits
+from leyline.protocol.directives import Verb
 from leyline.protocol.resolve import SkillTokens
-from leyline.protocol.resources import Message, SkillInfo
+from leyline.protocol.resources import SkillInfo
 from leyline.protocol.spans import MessageSpan
 
 H = TypeVar("H")
 
-
-@dataclass(frozen=True, slots=True)
-class Rendered:
-    """Messages rendered with the backend's chat template."""
-
-    tokens: tuple[int, ...]
-    spans: tuple[MessageSpan, ...]
+EXECUTED_VERBS = (Verb.splice, Verb.forget, Verb.erratum)
+"""The edits a backend's ``execute`` runs (COMPOSE too, where it keeps skills)."""
+MARKING_VERBS = (Verb.pin, Verb.unpin, Verb.decay, Verb.scratch)
+"""Executed by the core for any backend: a backend only ever executes the drops' edits."""
+SERVED_VERBS = (*EXECUTED_VERBS, Verb.compose, *MARKING_VERBS)
+"""What both backends' capabilities list."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +86,18 @@ class Backend(Protocol[H]):
 
     def decode(self, tokens: Sequence[int]) -> str: ...
 
-    def render(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[Message] | None,
-        *,
-        add_generation_prompt: bool,
-    ) -> Rendered:
+    @property
+    def tokenizer(self) -> Any | None:
+        """The HF tokenizer (token bytes in logprobs), or None (token ids only)."""
+        ...
+
+    @property
+    def stop_token_ids(self) -> Collection[int]:
+        """Ids that end a generation and are not shown as text."""
+        ...
+
+    @property
+    def renderer(self) -> BackendRenderer:
         """Messages through the model's chat template, with each message's token span."""
         ...
 
@@ -121,6 +127,12 @@ class Backend(Protocol[H]):
         """Run a checked plan; the handle then holds ``plan.tokens`` at revision + 1 with
         ``plan.spans``. Raises ``SpliceUnsupportedError`` when a splice cannot run exactly
         and ``allow_fallback`` is false. A plan's composes name ``plan.tenant``'s skills."""
+        ...
+
+    async def run_turn(self, turn: Turn[H]) -> Outcome:
+        """Execute the turn's plan, bring the cache to its prompt, generate; raise
+        ``Cancelled`` if the client left before the model work started (then nothing
+        changed)."""
         ...
 
     # -- skills (COMPOSE); a backend without ``compose`` in its verbs is never asked ------

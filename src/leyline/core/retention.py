@@ -17,14 +17,10 @@ from leyline.core.batch import EditPlan, common_prefix, plan_edits
 from leyline.core.sessions import Session, SessionStore
 from leyline.protocol import LeylineResponse
 from leyline.protocol.algebra import Edit
-from leyline.protocol.directives import Verb
 from leyline.protocol.envelope import DroppedSpan
 from leyline.protocol.retention import Mark
 
 log = logging.getLogger(__name__)
-
-MARKING_VERBS = (Verb.pin, Verb.unpin, Verb.decay, Verb.scratch)
-"""Executed by the core for any backend: a backend only ever executes the drops' edits."""
 
 
 class Retention(Generic[H]):

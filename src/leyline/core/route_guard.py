@@ -1,20 +1,9 @@
 """Protocol error bodies for Leyline's routes, on whichever FastAPI app mounts them.
 
-``APIRouter(route_class=LeylineRoute)`` gives that router's routes, and no other route of
-the app, two things:
-
-* The body is checked once, before FastAPI parses it: strict UTF-8, well-formed JSON
-  (no ``NaN`` / ``Infinity``), at most ``MAX_JSON_DEPTH`` levels deep, and no lone UTF-16
-  surrogate in any string or key. Python's JSON decoder accepts a lone ``"\\ud800"``
-  escape, but no tokenizer or UTF-8 encoder does, so it would fail deep in the engine;
-  here it is a 422 naming the field, whatever the field.
-* Every failure is answered with the protocol's error body: ``LeylineError`` as it is,
-  FastAPI's validation errors and HTTP exceptions by their fields and status, a splice
-  refused under ``allow_fallback: false`` as ``splice_refused``, and anything else as a
-  logged 500 ``internal_error``. An exception type the host app registered a handler for
-  is left to that handler.
-
-It imports no torch: the SGLang plugin's server process imports it too.
+``APIRouter(route_class=LeylineRoute)``'s routes check the body once before FastAPI parses
+it (strict UTF-8 JSON, bounded depth, no lone surrogate: a 422 naming the field) and answer
+every failure with the protocol's error body (anything unexpected: a logged 500); an
+exception the host app has a handler for is left to it. No torch: SGLang's process imports it.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ from typing import Generic
 
 from leyline.core.backend import Backend, H, SkillLabel
 from leyline.core.batch import EditPlan, check_tokens, check_vocab, plan_batch
+from leyline.core.chat.render import Rendered
+from leyline.core.openai_types import parse_chat
 from leyline.core.retention import Retention
 from leyline.core.sessions import Session, SessionStore
 from leyline.protocol import (
@@ -30,6 +32,7 @@ from leyline.protocol.resources import (
     ApplyDirectives,
     DetokenizeRequest,
     DetokenizeResponse,
+    Message,
     SessionCreate,
     SessionInfo,
     SkillAnchor,
@@ -210,11 +213,7 @@ class SessionService(Generic[H]):
         """The tokens of a skill's (or its anchor's) one source, checked against the
         vocabulary, and the field they came from."""
         if body.messages is not None:
-            messages = body.messages
-            rendered = await asyncio.to_thread(
-                lambda: self.backend.render(messages, None, add_generation_prompt=False)
-            )
-            tokens: tuple[int, ...] = rendered.tokens
+            tokens: tuple[int, ...] = (await self._render(body.messages, None, False)).tokens
         elif body.text is not None:
             tokens = await asyncio.to_thread(self.backend.encode, body.text)
         else:
@@ -252,25 +251,29 @@ class SessionService(Generic[H]):
         if body.text is not None:
             tokens = await asyncio.to_thread(self.backend.encode, body.text)
             return TokenizeResponse(tokens=list(tokens))
-        rendered = await asyncio.to_thread(
-            lambda: self.backend.render(
-                body.messages or [], body.tools, add_generation_prompt=body.add_generation_prompt
-            )
-        )
+        rendered = await self._render(body.messages or [], body.tools, body.add_generation_prompt)
         return TokenizeResponse(tokens=list(rendered.tokens), spans=list(rendered.spans))
 
     async def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
         check_vocab(body.tokens, self.backend.vocab_size, "tokens")
         return DetokenizeResponse(text=self.backend.decode(body.tokens))
 
+    async def _render(
+        self, messages: Sequence[Message], tools: Sequence[Message] | None, prompt: bool
+    ) -> Rendered:
+        """JSON messages (and tools), checked as a chat request's, rendered off the loop."""
+
+        def render() -> Rendered:
+            chat, specs = parse_chat(messages, tools)
+            return self.backend.renderer.render(chat, specs, add_generation_prompt=prompt)
+
+        return await asyncio.to_thread(render)
+
     async def _prompt_of(
         self, body: SessionCreate
     ) -> tuple[tuple[int, ...], tuple[MessageSpan, ...]]:
         if body.messages is not None:
-            messages, prompt = body.messages, body.add_generation_prompt
-            rendered = await asyncio.to_thread(
-                lambda: self.backend.render(messages, None, add_generation_prompt=prompt)
-            )
+            rendered = await self._render(body.messages, None, body.add_generation_prompt)
             return rendered.tokens, rendered.spans
         if body.text is not None:
             return await asyncio.to_thread(self.backend.encode, body.text), ()

@@ -1,45 +1,45 @@
-"""The reference engine as a session-core backend: a ``SessionCache`` per session.
+"""The reference engine as a backend (``core.backend.Backend``): a ``SessionCache`` per session.
 
-All model work goes through one :class:`~.scheduler.ModelScheduler` (this CPU runs one
-forward at a time well; more would only thrash): ``run`` queues a closure there as a job and
-awaits it; ``generate`` hands a begun generation to its batched decode steps. Jobs are
-sliced at prefill chunks, so a short one never waits for a whole long prefill.
-Rendering and tokenizing need no model and run on their own threads, off the event loop.
+All model work goes through one :class:`~.scheduler.ModelScheduler`: ``run`` queues a closure
+there as a job; a turn's edit and prefill are one job, its generation the scheduler's batched
+decode steps. Jobs are sliced at prefill chunks, so a short one never waits for a long one.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from contextlib import ExitStack
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from leyline.core.backend import Rendered, SkillLabel, describe_skill
+from leyline.core.backend import SERVED_VERBS, SkillLabel, describe_skill
 from leyline.core.batch import EditPlan, SessionView
-from leyline.core.chat.render import ChatRenderer
-from leyline.core.openai_types import parse_chat
+from leyline.core.chat.render import BackendRenderer, ChatRenderer
 from leyline.core.report import OpReport
-from leyline.core.retention import MARKING_VERBS
 from leyline.core.sessions import DEFAULT_TENANT
+from leyline.core.turns import Cancelled, Outcome, Turn, TurnTiming
 from leyline.engine.edits.compose import supports_attention_recompute
 from leyline.engine.edits.recompute import supports_deviation
 from leyline.engine.edits.skills import Skill, SkillStore
 from leyline.engine.engine import Engine
 from leyline.engine.reports import GenerationResult
 from leyline.engine.scheduler import JobTiming, ModelScheduler
-from leyline.engine.session import EXECUTED_VERBS, PendingGeneration, SessionCache
-from leyline.engine.work_estimates import SchedulePolicy
-from leyline.protocol import PROTOCOL_VERSION, Capabilities, ErrorCode, LeylineError, Limits
-from leyline.protocol.directives import RecomputeMode, Verb
+from leyline.engine.session import PendingGeneration, SessionCache
+from leyline.engine.work_estimates import SchedulePolicy, turn_cost
+from leyline.protocol import PROTOCOL_VERSION, Capabilities, Limits
+from leyline.protocol.directives import RecomputeMode
 from leyline.protocol.resolve import SkillTokens
-from leyline.protocol.resources import Message, SkillInfo
+from leyline.protocol.resources import SkillInfo
 from leyline.protocol.spans import MessageSpan
 
 T = TypeVar("T")
 
 
 class EngineBackend:
-    """``Backend[SessionCache]`` over one reference :class:`Engine`."""
+    """``Backend[SessionCache]`` over one reference :class:`Engine`. A plan whose client has
+    left by the time its model work would start runs none of it (``EditPlan.cancelled``)."""
 
     def __init__(
         self,
@@ -54,7 +54,6 @@ class EngineBackend:
         decode_share: float = 0.0,
         schedule: SchedulePolicy = "srpt",
         schedule_aging: float = 0.1,
-        inline_decode: bool = False,
     ) -> None:
         self.engine = engine
         self.skills = SkillStore(skill_cache_bytes)
@@ -62,7 +61,11 @@ class EngineBackend:
         self.model_name = model_name
         self._limits = limits
         self._tenants = tenants  # whether the server in front maps credentials to tenants
-        self.renderer = ChatRenderer(engine.tokenizer) if engine.tokenizer is not None else None
+        missing = (
+            f"{engine.loaded.label} has no tokenizer or chat template; send token ids to "
+            "/v1/completions"
+        )
+        self.renderer = BackendRenderer(engine.tokenizer, missing, eager=True)
         self.scheduler = ModelScheduler(
             engine,
             max_jobs=max_jobs,
@@ -71,8 +74,6 @@ class EngineBackend:
             policy=schedule,
             aging=schedule_aging,
         )
-        self.inline_decode = inline_decode
-        """A turn's generation runs inside its job, unbatched (the pre-scheduler baseline)."""
 
     # -- the model scheduler ------------------------------------------------------------
 
@@ -110,7 +111,7 @@ class EngineBackend:
         layouts = [] if self.engine.layout is None else [self.engine.layout.kind]
         return Capabilities(
             protocol_version=PROTOCOL_VERSION,
-            verbs=[*EXECUTED_VERBS, Verb.compose, *MARKING_VERBS],
+            verbs=list(SERVED_VERBS),
             architectures=layouts,
             models=[self.model_name],
             limits=self._limits,
@@ -138,28 +139,16 @@ class EngineBackend:
     def decode(self, tokens: Sequence[int]) -> str:
         return self.engine.decode(tokens)
 
-    def require_renderer(self) -> ChatRenderer:
-        if self.renderer is None:
-            raise LeylineError(
-                ErrorCode.invalid_directive,
-                f"{self.engine.loaded.label} has no tokenizer or chat template; send token ids "
-                "to /v1/completions",
-                "messages",
-            )
-        return self.renderer
+    @property
+    def tokenizer(self) -> Any | None:
+        return self.engine.tokenizer
 
-    def render(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[Message] | None,
-        *,
-        add_generation_prompt: bool,
-    ) -> Rendered:
-        chat, specs = parse_chat(messages, tools)
-        out = self.require_renderer().render(
-            chat, specs, add_generation_prompt=add_generation_prompt
-        )
-        return Rendered(out.tokens, out.spans)
+    @property
+    def stop_token_ids(self) -> Collection[int]:
+        return self.engine.loaded.eos_token_ids
+
+    def require_renderer(self) -> ChatRenderer:
+        return self.renderer.chat_renderer()
 
     # -- handles ------------------------------------------------------------------------
 
@@ -200,6 +189,8 @@ class EngineBackend:
         ``plan.tenant``'s skills, held while it runs (a skill in use is never evicted,
         replaced or deleted). ``final_tokens``: the turn's prompt, when there is one (it
         ranks a compose's ``attention`` recompute)."""
+        if plan.cancelled is not None and plan.cancelled():
+            raise Cancelled
         if not plan.composes:
             return handle.execute(plan, allow_fallback=allow_fallback)
         tenant = plan.tenant or DEFAULT_TENANT
@@ -211,6 +202,41 @@ class EngineBackend:
             return handle.execute(
                 plan, allow_fallback=allow_fallback, skills=skills, final_tokens=final_tokens
             )
+
+    async def run_turn(self, turn: Turn[SessionCache]) -> Outcome:
+        """One model job up to the first token (the session is leased, so no other request
+        of it interleaves), then the decode steps; a job whose client left never starts."""
+
+        def work() -> _Begun:
+            if turn.cancelled():
+                raise Cancelled  # the client left while this waited in the queue
+            return self._begin(turn)
+
+        purges = turn.plan is not None and turn.plan.forget_from is not None
+        begun, timing = await self.run_timed(work, exclusive=purges, cost=_cost(turn))
+        t0 = time.perf_counter()
+        # The scheduler's decode steps run this generation batched with the others.
+        generation = await self.generate(begun.pending)
+        spent = TurnTiming(
+            timing.queued if timing else 0.0,
+            timing.service if timing else 0.0,
+            time.perf_counter() - t0,
+        )
+        return Outcome(begun.edit, begun.prefill, begun.edited, begun.spans, generation, spent)
+
+    def _begin(self, turn: Turn[SessionCache]) -> _Begun:
+        """The turn up to its first token: the plan executed, the prompt prefilled, the
+        generation begun (its decode steps are the scheduler's)."""
+        session = turn.handle
+        edit = None
+        if turn.plan is not None:  # through the backend: a compose needs its skills
+            edit = self.execute_now(session, turn.plan, turn.allow_fallback, turn.prompt)
+        edited = session.view
+        spans = turn.prompt_spans(edited)
+        # Room for the reply in the new KV's buffers: the decoder writes there, no second copy.
+        prefill = session.prefill(turn.prompt, spans=spans, reserve=turn.params.max_new_tokens)
+        pending = session.begin_generation(turn.params, on_token=turn.on_token)
+        return _Begun(edit, prefill, edited.tokens, spans, pending)
 
     # -- skills ---------------------------------------------------------------------------
 
@@ -260,3 +286,20 @@ class EngineBackend:
             label,
             include_tokens=include_tokens,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Begun:
+    edit: OpReport | None
+    prefill: OpReport
+    edited: tuple[int, ...]
+    spans: tuple[MessageSpan, ...]
+    pending: PendingGeneration
+
+
+def _cost(turn: Turn[SessionCache]) -> int:
+    """Tokens the turn's job runs through the model (the scheduler's size estimate)."""
+    plan = turn.plan
+    if plan is None:
+        return turn_cost(turn.handle.tokens, (), (), turn.prompt)
+    return turn_cost(plan.tokens, plan.edits, plan.composes, turn.prompt)

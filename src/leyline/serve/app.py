@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response
 
 from leyline.core.routes import leyline_router
+from leyline.engine.backend import EngineBackend
 from leyline.engine.engine import Engine
 from leyline.protocol import PROTOCOL_VERSION
 from leyline.serve.access import Access
-from leyline.serve.engine_runner import EngineRunner, ServedBackend
 from leyline.serve.errors import BodyLimit, HeadAsGet, install_error_handlers
 from leyline.serve.jobs import ClientGone
 from leyline.serve.routes_openai import openai_router
@@ -26,7 +26,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
     settings = settings or ServerSettings()
     name = settings.served_model_name or engine.loaded.name
     # Tenants: the access layer below maps each API key to one (access.py).
-    backend = ServedBackend(
+    backend = EngineBackend(
         engine,
         limits=settings.limits,
         model_name=name,
@@ -36,9 +36,8 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
         decode_share=settings.decode_share,
         schedule=settings.schedule,
         schedule_aging=settings.schedule_aging,
-        inline_decode=settings.inline_decode,
     )
-    service = LeylineService(backend, EngineRunner(backend), settings, model_name=name)
+    service = LeylineService(backend, settings, model_name=name)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

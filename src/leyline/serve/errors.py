@@ -9,7 +9,6 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from leyline.core.chat.render import ChatTemplateError
 from leyline.core.route_guard import error_response, http_error, internal_error, validation_error
 from leyline.protocol import ErrorCode, LeylineError
 
@@ -19,8 +18,7 @@ __all__ = ["BodyLimit", "HeadAsGet", "error_response", "install_error_handlers"]
 def install_error_handlers(app: FastAPI) -> None:
     """App-level answers for what no ``LeylineRoute`` sees: unknown routes and methods, the
     app's own routes (/health, /metrics) and its middleware. The routers' own failures are
-    answered by ``core.route_guard``, which leaves ``ChatTemplateError`` to the handler here.
-    """
+    answered by ``core.route_guard``."""
 
     @app.exception_handler(LeylineError)
     async def _leyline(_: Request, exc: LeylineError) -> JSONResponse:
@@ -36,10 +34,6 @@ def install_error_handlers(app: FastAPI) -> None:
             allow = {"Allow": allowed_methods(request)}
             exc = HTTPException(405, exc.detail, {**(exc.headers or {}), **allow})
         return error_response(http_error(exc, request), exc.headers)  # 404, 405 (Allow)
-
-    @app.exception_handler(ChatTemplateError)
-    async def _template(_: Request, exc: ChatTemplateError) -> JSONResponse:
-        return error_response(LeylineError(ErrorCode.invalid_directive, str(exc), "messages"))
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

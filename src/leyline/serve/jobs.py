@@ -17,7 +17,7 @@ from typing import Generic, TypeVar
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from leyline.serve.turns import IsCancelled, OnToken
+from leyline.core.turns import IsCancelled, OnToken
 
 T = TypeVar("T")
 _POLL_SECONDS = 0.2

@@ -33,11 +33,10 @@ from leyline.core.openai_types import (
 )
 from leyline.core.route_guard import LeylineRoute
 from leyline.core.routes import client_gone, tenant_of
-from leyline.engine.reports import TokenChoice
+from leyline.core.turns import TokenChoice
 from leyline.serve.jobs import Job, TokenJob
-from leyline.serve.service import LeylineService
+from leyline.serve.service import LeylineService, Reply
 from leyline.serve.streaming import DONE, DeltaText, sse
-from leyline.serve.turns import Reply
 
 R = TypeVar("R")
 
@@ -126,7 +125,7 @@ def _finish(reply: Reply) -> str:
 
 
 def _chat_logprobs(service: LeylineService[Any], choices: Sequence[TokenChoice]) -> ChoiceLogprobs:
-    tokenizer = service.runner.tokenizer
+    tokenizer = service.backend.tokenizer
 
     def entry(token: int, logprob: float) -> TopLogprob:
         text = service.decode([token])
@@ -178,7 +177,7 @@ async def _chat_events(
 ) -> AsyncIterator[str]:
     cid, model = new_id("chatcmpl"), service.model_name
     buffered = bool(body.tools) and body.tool_choice != "none"  # tool calls parse at the end
-    deltas = DeltaText(service.decode, body.stop_strings(), service.runner.stop_token_ids)
+    deltas = DeltaText(service.decode, body.stop_strings(), service.backend.stop_token_ids)
 
     def chunk(delta: ChunkDelta, **extra: object) -> str:
         return sse(
@@ -224,7 +223,7 @@ async def _completion_events(
     service: LeylineService[Any], body: CompletionRequest, job: TokenJob[Reply], first: int | None
 ) -> AsyncIterator[str]:
     cid, model = new_id("cmpl"), service.model_name
-    deltas = DeltaText(service.decode, body.stop_strings(), service.runner.stop_token_ids)
+    deltas = DeltaText(service.decode, body.stop_strings(), service.backend.stop_token_ids)
     try:
         tokens = [] if first is None else [first]
         async for token in _chain(tokens, job):

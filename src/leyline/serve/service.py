@@ -4,8 +4,7 @@ Sessions, revisions, leases, limits and the ``/leyline/v1`` operations are the c
 (``core.service``); this adds a generation after the cache was brought to the prompt. A
 request is checked whole on the event loop (its sampling fields, the revision it addresses,
 its directives, the prompt's tokens) before any model work starts, so a rejected request
-changes nothing. The model work of a turn is the backend's ``Runner`` (``turns``): the
-reference engine's (``engine_runner``) or SGLang's (``sglang.runner``).
+changes nothing. The model work of a turn is the backend's (``Backend.run_turn``).
 """
 
 from __future__ import annotations
@@ -13,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
-from leyline.core.backend import Backend, Rendered
+from leyline.core.backend import Backend
 from leyline.core.batch import EditPlan, check_revision, check_tokens, common_prefix
+from leyline.core.chat.render import Rendered
 from leyline.core.chat.tool_format import parse_tool_calls
 from leyline.core.openai_types import (
     ChatCompletionRequest,
@@ -25,9 +25,10 @@ from leyline.core.openai_types import (
     SamplingFields,
     ToolCall,
 )
+from leyline.core.report import OpReport
 from leyline.core.service import SessionService, with_composed, with_dropped
 from leyline.core.sessions import DEFAULT_TENANT, Evicted, Session, SessionStore, salt_of
-from leyline.engine.reports import OpReport
+from leyline.core.turns import Cancelled, GenerationResult, IsCancelled, OnToken, Outcome, Turn
 from leyline.engine.sampling import SamplingParams
 from leyline.protocol import (
     Capabilities,
@@ -35,6 +36,7 @@ from leyline.protocol import (
     FallbackReason,
     LeylineError,
     LeylineRequest,
+    LeylineResponse,
     Path,
     Timing,
 )
@@ -42,24 +44,33 @@ from leyline.protocol.resources import SessionInfo
 from leyline.serve.metrics import Metrics
 from leyline.serve.retokenize import adopt_generated_ids
 from leyline.serve.settings import ServerSettings
-from leyline.serve.turns import Cancelled, IsCancelled, OnToken, Outcome, Reply, Runner, Turn
 
 __all__ = ["Cancelled", "IsCancelled", "LeylineService", "OnToken", "Reply"]
 
 H = TypeVar("H")
 
 
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One generation and what the cache did to serve it."""
+
+    generation: GenerationResult
+    leyline: LeylineResponse
+    prompt_tokens: int
+    content: str
+    tool_calls: list[ToolCall]
+    ttft: float
+
+
 class LeylineService(Generic[H]):
     def __init__(
         self,
         backend: Backend[H],
-        runner: Runner[H],
         settings: ServerSettings,
         *,
         model_name: str,
     ) -> None:
         self.backend = backend
-        self.runner = runner
         self.settings = settings
         self.model_name = model_name
         self.metrics = Metrics()
@@ -85,7 +96,7 @@ class LeylineService(Generic[H]):
         return self.core.info(session, include_tokens)
 
     def decode(self, tokens: Sequence[int]) -> str:
-        return self.runner.decode(tokens)
+        return self.backend.decode(tokens)
 
     # -- the request path -------------------------------------------------------------------
 
@@ -102,7 +113,11 @@ class LeylineService(Generic[H]):
             request.token_budget(self.settings.max_new_tokens),
             request.top_logprobs if request.logprobs else None,
         )
-        rendered = await asyncio.to_thread(self.runner.render, request.messages, request.tools)
+        rendered = await asyncio.to_thread(
+            lambda: self.backend.renderer.render(
+                request.messages, request.tools, add_generation_prompt=True
+            )
+        )
         reply = await self._serve(
             tenant,
             request.cache_salt,
@@ -196,7 +211,7 @@ class LeylineService(Generic[H]):
             # the shared prefix cache).
             handle = self.backend.open(salt_of(tenant, cache_salt))
             try:
-                outcome = await self.runner.run(turn(handle, None, prompt, rendered))
+                outcome = await self.backend.run_turn(turn(handle, None, prompt, rendered))
             finally:
                 self.backend.close(handle)
             return self._reply(None, None, prompt, outcome, first, t0)
@@ -220,8 +235,8 @@ class LeylineService(Generic[H]):
                         plan.tokens if plan is not None else view.tokens,
                         prompt,
                         rendered.spans,
-                        self.runner.decode,
-                        self.runner.stop_token_ids,
+                        self.backend.decode,
+                        self.backend.stop_token_ids,
                     )
                     if adopted is not None:
                         prompt, rendered = adopted[0], Rendered(*adopted)
@@ -229,7 +244,7 @@ class LeylineService(Generic[H]):
                 retention = self.core.retention
                 held = plan.tokens if plan is not None else view.tokens
                 retention.check_prompt(session, held, prompt, "prompt")
-                outcome = await self.runner.run(turn(session.handle, plan, prompt, rendered))
+                outcome = await self.backend.run_turn(turn(session.handle, plan, prompt, rendered))
                 if plan is not None:
                     retention.executed(session, plan)
                 retention.prompted(session, outcome.edited, prompt)

@@ -56,10 +56,6 @@ class ServerSettings:
     """``srpt``: seconds taken off a waiting job's estimate per second it waits."""
     prefill_chunk: int = 512
     """Tokens a prefill runs in one forward: the slice after which other work may run."""
-    inline_decode: bool = False
-    """Each turn's generation runs inside its job, unbatched; with ``max_running_jobs=1``
-    this is the server as it was before its scheduler (the baseline of the mechanism eval)."""
-    """Tokens a prefill runs in one forward: the slice after which other work may run."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.decode_share < 1.0:

@@ -1,19 +1,10 @@
-"""SGLang as a session-core backend: plans executed in the scheduler over a link.
+"""SGLang as a backend (``core.backend.Backend``): plans executed in the scheduler over a link.
 
-A session here is only its protocol state (tokens, revision, message spans): the KV lives
-in SGLang's radix tree, keyed by tokens, and an ordinary ``/generate`` with the session's
-tokens hits it. Executing a plan sends the edits to the scheduler (``scheduler_side``),
-which splices the tree's KV or purges it (FORGET); an inserted run with no KV yet is
-prefilled by a generate and the request repeated. The core has checked the plan whole
-(revision, spans, limits, tokens), so nothing here re-checks a protocol rule.
-
-**Namespaces** (protocol 3.1, 3.4): KV that is not the exact prefill of its tokens (kept
-downstream of a splice, a composed block) must serve only the session that made it. The
-tree is keyed by tokens, so such a build goes to a namespace of the session's own (a
-``cache_salt`` nobody else sends) and the session stays there; exact KV stays shared.
-
-Imports neither torch nor SGLang: the link is the only part that talks to SGLang
-(``tokenizer_side.TokenizerManagerLink``), so this logic runs in ``make test`` too.
+A session here is only its protocol state: the KV lives in SGLang's radix tree, keyed by
+tokens, and a generate with the session's tokens hits it. A plan's edits go to the scheduler
+(``scheduler_side``), which splices the tree's KV or purges it (FORGET). KV that is not the
+exact prefill of its tokens (kept past a splice, a composed block) is built in a namespace
+(``cache_salt``) of the session's own (protocol 3.1, 3.4). Imports neither torch nor SGLang.
 """
 
 from __future__ import annotations
@@ -21,18 +12,18 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 import uuid
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Collection, Coroutine, Sequence
+from typing import Any
 
-from leyline.core.backend import Rendered, SkillLabel
+from leyline.core.backend import SERVED_VERBS, SkillLabel
 from leyline.core.batch import EditPlan, SessionView, common_prefix
+from leyline.core.chat.render import BackendRenderer
 from leyline.core.errors import SpliceUnsupportedError
-from leyline.core.lineage import Lineages
 from leyline.core.report import OpReport
-from leyline.core.retention import MARKING_VERBS
 from leyline.core.sessions import DEFAULT_TENANT
+from leyline.core.turns import Cancelled, GenerationResult, Outcome, Turn
 from leyline.protocol import (
     PROTOCOL_VERSION,
     Capabilities,
@@ -41,145 +32,25 @@ from leyline.protocol import (
     LeylineError,
     Limits,
     Path,
-    Verb,
 )
-from leyline.protocol.algebra import Edit, PositionMap
+from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 from leyline.protocol.resolve import SkillTokens
-from leyline.protocol.resources import Message, SkillInfo
+from leyline.protocol.resources import SkillInfo
 from leyline.protocol.spans import MessageSpan
+from leyline.sglang.link import BlockSource, Generator, SchedulerAnswer, SchedulerLink, checked
+from leyline.sglang.session import SglangSession
 from leyline.sglang.skill_store import HeldSkill, SkillHolds
-
-if TYPE_CHECKING:
-    from leyline.core.chat.render import ChatRenderer
-    from leyline.core.openai_types import ChatMessage, ToolSpec
 
 logger = logging.getLogger(__name__)
 
-EXECUTED_VERBS = (Verb.splice, Verb.forget, Verb.erratum, Verb.compose)
 #: The cache layouts the scheduler side can rotate (``kv_rows``).
 LAYOUTS = ("mla", "gqa")
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulerAnswer:
-    """What the scheduler did with one request (the wire struct, without SGLang)."""
-
-    ok: bool
-    cached_tokens: int = 0
-    reused_tokens: int = 0
-    rotated_tokens: int = 0
-    pending_prefill: int | None = None
-    fallback_reason: str | None = None
-    """A protocol fallback reason: the splice did not run (or not all of it)."""
-    error_code: str | None = None
-    """A protocol error code: the scheduler refused the request."""
-    error_field: str | None = None
-    message: str = ""
-    released: tuple[str, ...] = ()
-    """``hold``: the held keys released to make room."""
-
-
-@dataclass(frozen=True, slots=True)
-class BlockSource:
-    """A composed block in the new sequence, and the cached tokens its KV is read from."""
-
-    start: int
-    end: int
-    source: tuple[int, ...]
-    """The skill's tokens as the tree holds them (in ``salt``): anchor, then block."""
-    offset: int
-    """Where the block starts in ``source`` (the anchor's length)."""
-    seam: int
-    """Leading block tokens prefilled in context (``min(K, n)``)."""
-    salt: str | None = None
-    """The namespace the skill's tokens are cached in (its tenant's; None: public)."""
-
-    @property
-    def tokens(self) -> tuple[int, ...]:
-        return self.source[self.offset :]
-
-
-class SchedulerLink(Protocol):
-    async def send(
-        self,
-        verb: str,
-        old_tokens: Sequence[int],
-        edits: Sequence[Edit],
-        *,
-        blocks: Sequence[BlockSource] = (),
-        old_salt: str | None = None,
-        new_salt: str | None = None,
-    ) -> SchedulerAnswer:
-        """Run ``splice`` or ``forget`` of ``edits`` on the cached ``old_tokens`` (in the
-        namespace ``old_salt``; a splice builds the new sequence in ``new_salt``'s)."""
-        ...
-
-    async def prefill(self, tokens: Sequence[int], salt: str | None = None) -> None:
-        """Run an ordinary generate over ``tokens`` so the tree caches them (under ``salt``)."""
-        ...
-
-    async def hold(
-        self,
-        key: str,
-        tokens: Sequence[int],
-        evictable: Sequence[str] = (),
-        salt: str | None = None,
-    ) -> tuple[int, tuple[str, ...]]:
-        """Lock what the tree holds of ``tokens`` (in ``salt``) under ``key`` (replacing that
-        key's lock), releasing keys of ``evictable`` (in order) if that makes room; returns how
-        many tokens are held and the keys released. Raises ``LeylineError(limit_exceeded)``,
-        changing nothing, when even releasing all of them leaves no room."""
-        ...
-
-    async def release(self, key: str) -> None:
-        """Let ``key``'s lock go."""
-        ...
-
-
-@dataclass
-class SglangSession:
-    """The handle: the protocol state only (the tree holds the KV, shared by tokens)."""
-
-    view: SessionView = field(default_factory=SessionView)
-    shared_salt: str | None = None
-    """The namespace the session shares with requests of its ``cache_salt`` (SGLang's own
-    ``cache_salt``: keys of different salts never share a tree node); None: the public one."""
-    private_salt: str | None = None
-    """The session's own namespace once it holds KV that is not a prefill of its tokens
-    (after a splice that kept downstream KV, or a compose): nobody else may match it."""
-
-    lineages: dict[str | None, Lineages] = field(default_factory=dict)
-    """Per namespace, the sequences the session had cached there (the tree keeps an earlier
-    revision's path past each edit, and a prompt that diverged), each with where its tokens
-    are now: a FORGET purges every one of them from where the forgotten tokens sit."""
-    abandoned: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
-    """Private namespaces the session left (a fallback's partial build), with the tokens
-    cached there: purged on close."""
-
-    @property
-    def salt(self) -> str | None:
-        """Where the session's KV is now."""
-        return self.private_salt or self.shared_salt
-
-    def cached(self, tokens: Sequence[int]) -> None:
-        """``tokens`` are now cached where the session's KV is."""
-        if tokens:
-            self.lineages.setdefault(self.salt, Lineages()).published(tokens)
-
-    def moved(self, position_map: PositionMap) -> None:
-        """An edit ran: every lineage's positions follow it."""
-        for lineages in self.lineages.values():
-            lineages.moved(position_map)
-
-    def realigned(self, old: Sequence[int], new: Sequence[int]) -> None:
-        """A prompt replaced the sequence (it diverged): positions follow a diff."""
-        for lineages in self.lineages.values():
-            lineages.realigned(old, new)
-
-
 class SglangBackend:
-    """``Backend[SglangSession]`` over one SGLang server's scheduler."""
+    """``Backend[SglangSession]`` over one SGLang server's scheduler (``link``); a turn's
+    generation is an ordinary SGLang generate (``generator``)."""
 
     def __init__(
         self,
@@ -190,13 +61,23 @@ class SglangBackend:
         vocab_size: int,
         model_name: str = "",
         tenant_secret: bytes | None = None,
+        generator: Generator | None = None,
+        stop_token_ids: Collection[int] = (),
     ) -> None:
         self.link = link
-        self.tokenizer = tokenizer
+        self._tokenizer = tokenizer
         self._limits = limits
         self._vocab_size = vocab_size
         self.model_name = model_name
-        self._renderer: ChatRenderer | None = None
+        self.generator = generator
+        self._stops = tuple(stop_token_ids)
+        missing = (
+            "this SGLang server runs without a tokenizer (--skip-tokenizer-init): send "
+            "token ids instead of text or messages"
+        )
+        # The reference server's rendering over SGLang's own (HF) tokenizer: same template,
+        # same message spans, so message anchors resolve here as they do there.
+        self.renderer = BackendRenderer(tokenizer, missing)
         self._tenant_secret = tenant_secret
         self.skills = SkillHolds(link, model_name or "sglang", self.namespace_of)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -212,7 +93,7 @@ class SglangBackend:
     def capabilities(self) -> Capabilities:
         return Capabilities(
             protocol_version=PROTOCOL_VERSION,
-            verbs=[*EXECUTED_VERBS, *MARKING_VERBS],
+            verbs=list(SERVED_VERBS),
             architectures=list(LAYOUTS),
             models=[self.model_name] if self.model_name else [],
             limits=self._limits,
@@ -225,63 +106,23 @@ class SglangBackend:
             skill_anchors=True,
         )
 
-    def _require_tokenizer(self, field_name: str) -> Any:
-        if self.tokenizer is None:
-            raise LeylineError(
-                ErrorCode.invalid_directive,
-                "this SGLang server runs without a tokenizer (--skip-tokenizer-init): send "
-                "token ids instead of text or messages",
-                field_name,
-            )
-        return self.tokenizer
+    @property
+    def tokenizer(self) -> Any | None:
+        return self._tokenizer
+
+    @property
+    def stop_token_ids(self) -> Collection[int]:
+        return self._stops
 
     def encode(self, text: str) -> tuple[int, ...]:
-        tokenizer = self._require_tokenizer("text")
-        return tuple(int(t) for t in tokenizer.encode(text, add_special_tokens=False))
+        if self._tokenizer is None:
+            raise LeylineError(ErrorCode.invalid_directive, self.renderer.missing, "text")
+        return tuple(int(t) for t in self._tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, tokens: Sequence[int]) -> str:
-        if self.tokenizer is None:
+        if self._tokenizer is None:
             return " ".join(str(t) for t in tokens)
-        return str(self.tokenizer.decode(list(tokens), skip_special_tokens=False))
-
-    def render(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[Message] | None,
-        *,
-        add_generation_prompt: bool,
-    ) -> Rendered:
-        from leyline.core.openai_types import parse_chat
-
-        self._require_tokenizer("messages")
-        chat, specs = parse_chat(messages, tools)
-        return self.render_chat(chat, specs, add_generation_prompt=add_generation_prompt)
-
-    def render_chat(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec] | None,
-        *,
-        add_generation_prompt: bool,
-    ) -> Rendered:
-        """Parsed messages (a chat request's) rendered with the reference server's renderer
-        over SGLang's own (HF) tokenizer: same template, same message spans, so message
-        anchors resolve here as they do there."""
-        from leyline.core.chat.render import ChatRenderer, ChatTemplateError
-
-        tokenizer = self._require_tokenizer("messages")
-        if self._renderer is None:
-            try:
-                self._renderer = ChatRenderer(tokenizer)
-            except ChatTemplateError as exc:
-                raise LeylineError(ErrorCode.invalid_directive, str(exc), "messages") from None
-        try:
-            out = self._renderer.render(
-                list(messages), list(tools or []), add_generation_prompt=add_generation_prompt
-            )
-        except ChatTemplateError as exc:  # as the reference server answers it (http.errors)
-            raise LeylineError(ErrorCode.invalid_directive, str(exc), "messages") from None
-        return Rendered(out.tokens, out.spans)
+        return str(self._tokenizer.decode(list(tokens), skip_special_tokens=False))
 
     # -- skills: the tree's own prefill of each, locked while registered (skill_store) --
 
@@ -426,6 +267,41 @@ class SglangBackend:
         handle.view = SessionView(plan.tokens, base.revision + 1, plan.spans)
         return report
 
+    async def run_turn(self, turn: Turn[SglangSession]) -> Outcome:
+        """The plan through ``execute``, then an ordinary generate of the prompt: SGLang's
+        prefix match finds the spliced KV, so only what is new is prefilled. The session
+        then holds the prompt and the generated ids, as on the reference server."""
+        if turn.cancelled():
+            raise Cancelled
+        if self.generator is None:
+            raise RuntimeError("this SglangBackend has no generator: it runs no turns")
+        t0 = time.perf_counter()
+        handle = turn.handle
+        edit = None
+        if turn.plan is not None:
+            edit = await self.execute(handle, turn.plan, allow_fallback=turn.allow_fallback)
+        edited = handle.view
+        spans = turn.prompt_spans(edited)
+        prompt = turn.prompt
+        if prompt[: len(edited.tokens)] != edited.tokens:
+            handle.realigned(edited.tokens, prompt)  # the tree keeps what it had cached
+        revision = edited.revision if prompt == edited.tokens else edited.revision + 1
+        # The prompt is the session's from here (the generate caches it), even if the
+        # generation then fails: the view never claims tokens SGLang was not given.
+        handle.view = SessionView(prompt, revision, spans)
+        out = await self.generator.generate(prompt, turn.params, turn.on_token, handle.salt)
+        reused = min(out.cached_tokens, len(prompt))
+        shared = common_prefix(edited.tokens, prompt)
+        path = Path.prefix_hit if shared == len(edited.tokens) else Path.reprefill
+        prefill = OpReport(path, revision, reused, len(prompt) - reused, first_change=shared)
+        handle.view = SessionView(prompt + out.ids, revision + 1, spans)
+        handle.cached(prompt + out.ids[:-1])  # SGLang never computes the last id's KV
+        seconds = time.perf_counter() - t0
+        generation = GenerationResult(
+            out.ids, out.text, out.finish_reason, revision + 1, prefill, seconds, out.logprobs
+        )
+        return Outcome(edit, prefill, edited.tokens, spans, generation)
+
     async def _private_build(
         self,
         handle: SglangSession,
@@ -569,9 +445,3 @@ def _blocks(plan: EditPlan, skills: Sequence[HeldSkill]) -> list[BlockSource]:
         )
         for compose, where, skill in zip(plan.composes, plan.composed(), skills, strict=True)
     ]
-
-
-def checked(out: SchedulerAnswer) -> SchedulerAnswer:
-    if out.error_code is not None:
-        raise LeylineError(ErrorCode(out.error_code), out.message, out.error_field)
-    return out

@@ -1,35 +1,11 @@
-"""Execute a Leyline splice inside SGLang's scheduler, on its real pools and radix tree.
+"""Execute a Leyline splice (or compose) inside SGLang's scheduler, on its real pools and tree.
 
-One call, all-or-nothing:
-
-1. ``apply_edits`` (the protocol's algebra) gives the new tokens and, run by run, where
-   each token's KV comes from.
-2. The tree is matched for the new tokens (the unchanged prefix, plus anything a generate
-   already prefilled, e.g. the replacement) and for the old ones (the source of every
-   kept run). Both paths are locked so eviction cannot take them mid-splice.
-3. Fresh slots are allocated for the rest, page-aligned; each kept run is copied into them
-   with its rope band rotated by the run's delta; inserted runs are written from rows the
-   caller supplies. An inserted run with no rows stops the build there: the outcome asks
-   for ``new_tokens[:pending_prefill]`` (to the end of the run's last page) to be
-   prefilled by an ordinary generate (which hits everything built so far), and the call
-   is repeated. A kept run's source is needed only as far as the build goes: the old
-   sequence's partial last page, which the tree never holds, ends the build.
-4. The request's token -> slot row is rebuilt in ``ReqToTokenPool`` and the new sequence's
-   full pages are inserted into the tree. A partial last page cannot be (the tree holds
-   whole pages): its slots are freed and the generate re-prefills it (``page_alignment``).
-
-COMPOSE is a splice whose inserted block has a source too (``BlockSource``): the skill's
-tokens as registered, which the tree holds (the plugin locks them). The block's first
-``seam`` tokens are prefilled in context like any inserted run; the rest is copied from the
-skill's slots with its rope band rotated to the block's position; block tokens the tree
-does not hold for the skill (a partial last page) are prefilled too.
-
-**Namespaces.** The old and new sequences may live under different ``cache_salt`` keys: a
-composed sequence is not what a prefill of its tokens computes, so it is kept out of the
-public namespace (protocol 3.4) and built in the session's own, its prefix copied there.
-
-Any failure before the insert frees the fresh slots and unlocks: pools, allocator and tree
-are as before (the old KV is only ever read).
+All-or-nothing: the protocol's algebra gives the new tokens and each run's KV source; both
+sequences' tree paths are locked; kept runs (and a composed block past its seam) are copied
+into fresh page-aligned slots with their rope band rotated, inserted runs written or asked
+of a generate (``pending_prefill``); then the full pages go into the tree, in the new
+namespace. Any failure before the insert frees and unlocks everything. docs/sglang.md has
+the steps.
 """
 
 from __future__ import annotations
@@ -44,8 +20,8 @@ from leyline.core.errors import SpliceUnsupportedError
 from leyline.protocol.algebra import Edit, EditResult, Run, apply_edits
 from leyline.protocol.errors import ErrorCode, LeylineError
 from leyline.protocol.fallback import FallbackReason
-from leyline.sglang.backend import BlockSource
 from leyline.sglang.kv_rows import KVRows
+from leyline.sglang.link import BlockSource
 from leyline.sglang.page_align import ceil_page, floor_page
 from leyline.sglang.tree_ops import Match, TreeOps
 
@@ -55,7 +31,9 @@ InsertedRows = Mapping[int, Sequence[Sequence[torch.Tensor]]]
 
 
 @dataclass(frozen=True, slots=True)
-class SpliceOutcome:
+class TreeSplice:
+    """What a splice did in the radix tree: what it reused, moved, and left to prefill."""
+
     tokens: tuple[int, ...]
     """The whole new sequence."""
     cached_tokens: int
@@ -127,7 +105,7 @@ class SpliceExecutor:
         blocks: Sequence[BlockSource] = (),
         old_salt: str | None = None,
         new_salt: str | None = None,
-    ) -> SpliceOutcome:
+    ) -> TreeSplice:
         """Splice ``edits`` (AMORTIZE) into the cached ``old_tokens``.
 
         ``blocks``: the composed blocks among the inserted runs, with their cached source.
@@ -174,7 +152,7 @@ class SpliceExecutor:
         new_match: Match,
         inserted_rows: InsertedRows,
         new_salt: str | None,
-    ) -> SpliceOutcome:
+    ) -> TreeSplice:
         new = result.tokens
         base = new_match.length
         segments, stop, pending = self._plan(pieces, base, n_old, len(new), inserted_rows)
@@ -194,7 +172,7 @@ class SpliceExecutor:
             reason = self._reason(stop - 1, pending)
             segments = [_clip(s, end) for s in segments if s.new_start < end]
         if end <= base:
-            return SpliceOutcome(new, base, min(reused, base), 0, 0, pending, reason)
+            return TreeSplice(new, base, min(reused, base), 0, 0, pending, reason)
         fresh = self._alloc(end - base)
         try:
             for seg in segments:
@@ -211,7 +189,7 @@ class SpliceExecutor:
             self.tree.allocator.free(fresh)
             raise
         self.tree.insert(new[:end], slots, owned=base, salt=new_salt)
-        return SpliceOutcome(
+        return TreeSplice(
             tokens=new,
             cached_tokens=end,
             reused_tokens=reused,

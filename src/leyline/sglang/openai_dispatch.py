@@ -20,7 +20,7 @@ from leyline.protocol import ErrorCode, LeylineError
 from leyline.serve.errors import install_error_handlers
 from leyline.serve.routes_openai import openai_router
 from leyline.serve.service import LeylineService
-from leyline.sglang.backend import SglangSession
+from leyline.sglang.session import SglangSession
 
 ROUTED = frozenset({"/v1/chat/completions", "/v1/completions"})
 MAX_BODY_BYTES = 32 * 1024**2

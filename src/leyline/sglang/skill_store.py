@@ -22,15 +22,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from leyline.core.backend import SkillLabel, describe_skill
 from leyline.protocol import ErrorCode, LeylineError
 from leyline.protocol.resolve import SkillTokens
 from leyline.protocol.resources import SkillInfo, skill_content_hash
-
-if TYPE_CHECKING:
-    from leyline.sglang.backend import SchedulerLink
+from leyline.sglang.link import SchedulerLink
 
 
 @dataclass

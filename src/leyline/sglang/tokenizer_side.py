@@ -18,23 +18,16 @@ from typing import Any
 
 from leyline.core.route_guard import unmatched_router
 from leyline.core.routes import leyline_router
-from leyline.engine.reports import TokenChoice
-from leyline.engine.sampling import SamplingParams
+from leyline.core.turns import OnToken, SamplingParams, TokenChoice
 from leyline.protocol import Limits
 from leyline.protocol.algebra import Edit
 from leyline.protocol.resources import API_PREFIX
 from leyline.serve.service import LeylineService
 from leyline.serve.settings import ServerSettings
-from leyline.serve.turns import OnToken
-from leyline.sglang.backend import (
-    BlockSource,
-    SchedulerAnswer,
-    SglangBackend,
-    SglangSession,
-    checked,
-)
+from leyline.sglang.backend import SglangBackend
+from leyline.sglang.link import BlockSource, Generated, SchedulerAnswer, checked
 from leyline.sglang.openai_dispatch import LeylineDispatch, leyline_openai_app
-from leyline.sglang.runner import Generated, SglangRunner
+from leyline.sglang.session import SglangSession
 from leyline.sglang.tenant_keys import TenantKeys, tenants_from_env
 from leyline.sglang.wire import LeylineSpliceReqInput, LeylineSpliceReqOutput, from_wire, to_wire
 
@@ -181,13 +174,16 @@ def backend_for(tokenizer_manager: Any, *, tenants: bool = False) -> SglangBacke
     (sessions live in this process only, so the names need not outlive it)."""
     config = tokenizer_manager.model_config
     name = getattr(tokenizer_manager, "served_model_name", None) or ""
+    link = TokenizerManagerLink(tokenizer_manager)
     return SglangBackend(
-        TokenizerManagerLink(tokenizer_manager),
+        link,
         tokenizer_manager.tokenizer,  # None with --skip-tokenizer-init: token ids only
         limits=Limits(max_session_tokens=int(tokenizer_manager.context_len)),
         vocab_size=int(config.vocab_size),
         model_name=str(name),
         tenant_secret=secrets.token_bytes(32) if tenants else None,
+        generator=link,
+        stop_token_ids=_stop_ids(tokenizer_manager),
     )
 
 
@@ -213,10 +209,7 @@ def mount(app: Any, tokenizer_manager: Any) -> LeylineService[SglangSession]:
     SGLang's FastAPI ``app``: one service, so a session made by either is seen by both."""
     tenants = tenants_from_env()  # a malformed keys file stops the server here, loudly
     backend = backend_for(tokenizer_manager, tenants=tenants is not None)
-    link = backend.link
-    assert isinstance(link, TokenizerManagerLink)
-    runner = SglangRunner(backend, link, _stop_ids(tokenizer_manager))
-    service = LeylineService(backend, runner, ServerSettings(), model_name=backend.model_name)
+    service = LeylineService(backend, ServerSettings(), model_name=backend.model_name)
     routes = leyline_router(service.core)
     app.include_router(routes)
     # SGLang's own router answers paths it does not know in FastAPI's format; under

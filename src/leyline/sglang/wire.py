@@ -14,7 +14,7 @@ from sglang.srt.managers.io_struct import BaseReq, hook_custom_types
 
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
-from leyline.sglang.backend import BlockSource, SchedulerAnswer
+from leyline.sglang.link import BlockSource, SchedulerAnswer
 
 #: ``(start, end, replacement token ids)`` in the old sequence's coordinates.
 WireEdit = tuple[int, int, list[int]]

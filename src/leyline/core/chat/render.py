@@ -14,12 +14,22 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from leyline.core.chat.tool_format import render_tool_calls, render_tools
 from leyline.core.openai_types import ChatMessage, ToolSpec
-from leyline.protocol import MessageSpan, TokenSpan
+from leyline.protocol import ErrorCode, LeylineError, MessageSpan, TokenSpan
+
+if TYPE_CHECKING:  # a type only: the SGLang backend imports this without transformers
+    from transformers import PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """Messages rendered with the backend's chat template."""
+
+    tokens: tuple[int, ...]
+    spans: tuple[MessageSpan, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +41,46 @@ class RenderedChat:
 
 class ChatTemplateError(ValueError):
     """The tokenizer has no chat template, or it refused these messages."""
+
+    def answer(self) -> LeylineError:
+        """How a server answers it: ``invalid_directive`` on ``messages``."""
+        return LeylineError(ErrorCode.invalid_directive, str(self), "messages")
+
+
+class BackendRenderer:
+    """A backend's chat rendering (``Backend.renderer``): ``ChatRenderer`` over its tokenizer,
+    made on first use (``eager``: now, so a tokenizer without a template fails here).
+    Without a tokenizer, or when the template refuses, the request is ``invalid_directive``
+    on ``messages``; ``missing`` says why there is no tokenizer."""
+
+    def __init__(self, tokenizer: Any | None, missing: str, *, eager: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.missing = missing
+        self._renderer = ChatRenderer(tokenizer) if eager and tokenizer is not None else None
+
+    def chat_renderer(self) -> ChatRenderer:
+        if self.tokenizer is None:
+            raise LeylineError(ErrorCode.invalid_directive, self.missing, "messages")
+        if self._renderer is None:
+            try:
+                self._renderer = ChatRenderer(self.tokenizer)
+            except ChatTemplateError as exc:
+                raise exc.answer() from None
+        return self._renderer
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None,
+        *,
+        add_generation_prompt: bool,
+    ) -> Rendered:
+        renderer = self.chat_renderer()
+        try:
+            out = renderer.render(messages, tools, add_generation_prompt=add_generation_prompt)
+        except ChatTemplateError as exc:
+            raise exc.answer() from None
+        return Rendered(out.tokens, out.spans)
 
 
 class ChatRenderer:
