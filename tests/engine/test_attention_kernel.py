@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from leyline.engine import decode_attention
+from leyline.engine import cpu, decode_attention
 from leyline.engine.cpu import attention_kernel
 from leyline.engine.cpu.attention_kernel import AttentionKernel
+from leyline.engine.cpu.switches import OVERRIDES
 
 
 @pytest.fixture(scope="module")
@@ -95,31 +96,6 @@ def test_bf16_is_the_fp64_softmax_of_its_inputs_rounded_once(
     assert ((got.double() - want).abs() <= ulp).all()
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "dim", "value_dim", "n"), SHAPES)
-def test_bf16_on_the_tile_unit_and_on_vectors_agree_within_fp32_sums(
-    kernel: AttentionKernel, heads: int, kv_heads: int, dim: int, value_dim: int, n: int
-) -> None:
-    """Where the kernel has the tile unit, a lone bf16 query (scores and weighted values on
-    tiles, weights split in two bf16 parts) and the vector path compute the same softmax:
-    both within fp32 sums of the fp64 one, log-sum-exp included."""
-    if not kernel.amx:
-        assert not kernel.use_tiles(True)  # nothing to compare on this CPU or build
-        return
-    query, keys, values = _inputs(heads, kv_heads, dim, value_dim, n, torch.bfloat16, n + 3)
-    third = max(1, n // 3)
-    segments = [(query, keys, values), (query, keys[:, :, :third], values[:, :, :third])]
-    try:
-        assert kernel.use_tiles(False) is False
-        vector, vector_lse = kernel.attend_segments(segments, None, with_lse=True)
-        assert kernel.use_tiles(True) is True
-        tiles, tiles_lse = kernel.attend_segments(segments, None, with_lse=True)
-    finally:
-        kernel.use_tiles(True)
-    assert vector_lse is not None and tiles_lse is not None
-    assert ((tiles - vector).abs() <= 1e-4 * vector.abs() + 2e-5).all()
-    assert (tiles_lse - vector_lse).abs().max() < 1e-4
-
-
 @pytest.fixture(scope="module")
 def portable_kernel() -> AttentionKernel:
     """The same source built without the x86 vector flags: the portable C path that CPUs
@@ -131,11 +107,7 @@ def portable_kernel() -> AttentionKernel:
         return [f for f in attention_kernel._flags(openmp) if not f.startswith(vector)]
 
     loaded, status = kernel_build.load_kernel(
-        "attention_kernel_portable",
-        attention_kernel._SOURCE,
-        flags,
-        lambda lib, path, threaded: AttentionKernel(lib, path, threaded=threaded),
-        switch="LEYLINE_ATTENTION_KERNEL",
+        "attention_kernel_portable", "attention_kernel.c", flags, AttentionKernel
     )
     if loaded is None:
         pytest.skip(f"portable build unavailable: {status.detail}")
@@ -209,9 +181,14 @@ def test_the_engine_path_takes_bf16_with_the_kernel_and_not_without(
     assert torch.equal(fallback, decode_attention.matmul_attention(q32, k32, v32, None))
 
 
-def test_switched_off_by_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LEYLINE_ATTENTION_KERNEL", "0")
-    monkeypatch.setattr(attention_kernel._kernel, "_status", None)
-    monkeypatch.setattr(attention_kernel._kernel, "_loaded", None)
+def test_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(OVERRIDES, "attention_kernel", "off")
     assert attention_kernel.load() is None
-    assert "LEYLINE_ATTENTION_KERNEL" in attention_kernel.status().detail
+    assert attention_kernel.status().detail == "attention_kernel switched off in process"
+    assert cpu.status()["attention_kernel"] == "off: attention_kernel switched off in process"
+    monkeypatch.setenv("LEYLINE_CPU_KERNELS", "0")
+    monkeypatch.delitem(OVERRIDES, "attention_kernel")
+    assert attention_kernel.load() is None
+    assert set(cpu.status().values()) == {"off: LEYLINE_CPU_KERNELS=0"}
+    monkeypatch.delenv("LEYLINE_CPU_KERNELS")
+    assert attention_kernel.load() is not None

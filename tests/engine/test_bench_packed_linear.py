@@ -5,17 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leyline.engine.cpu.packed_linear import SWITCH
 from leyline.evals.bench_packed_linear import main
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
-def test_bench_packed_linear_runs_on_a_tiny_model(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_bench_packed_linear_runs_on_a_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:
     # Packed even where the engine would not pack by default (off AVX-512): the bench
     # compares the arms wherever oneDNN packs.
-    monkeypatch.setenv(SWITCH, "1")
     rows = main(["--model", "tiny-mla-v2", "--quick", "--dtypes", "float32", "--hints", "1", "64"])
     assert [r["rows"] for r in rows] == [1, 17]
     assert all(r["plain_ms"] > 0 and r["packed@1_ms"] > 0 and r["packed@64_ms"] > 0 for r in rows)

@@ -83,7 +83,7 @@ def test_long_decode_steps_and_splices_through_the_path_match_a_plain_forward(
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import leyline.engine.attention as attention
-    from leyline.engine.cpu import fused_forward
+    from leyline.engine.cpu.switches import OVERRIDES
     from leyline.engine.engine import Engine
     from leyline.engine.models import LoadedModel
     from leyline.engine.session import SessionCache
@@ -118,7 +118,7 @@ def test_long_decode_steps_and_splices_through_the_path_match_a_plain_forward(
     monkeypatch.setattr(attention, "single_query_attention", counted)
     # the model's own dispatch: the fused loop calls the kernel directly, bitwise the same
     # (tests/engine/test_fused_forward.py)
-    monkeypatch.setenv(fused_forward.SWITCH, "0")
+    monkeypatch.setitem(OVERRIDES, "fused_forward", "off")
     session = SessionCache(engine)
     session.prefill(tokens)
     assert not calls  # a prefill's queries come in runs

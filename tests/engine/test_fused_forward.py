@@ -3,7 +3,7 @@ attention from kernel calls prepared once (``segment_attention.PreparedPlan``,
 ``attention_kernel.PreparedCall``).
 
 The loop must be the model's forward without its Python: every test compares it with the
-same edit run through ``model(...)`` (``LEYLINE_FUSED_FORWARD=0``), bitwise, and checks
+same edit run through ``model(...)`` (the loop switched off), bitwise, and checks
 that the loop really ran in one arm and not in the other."""
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import torch
 
 from leyline.engine.batched_decode import Row
 from leyline.engine.cpu import attention_kernel
-from leyline.engine.cpu.fused_forward import SWITCH, FusedModel, fused_model
+from leyline.engine.cpu.fused_forward import FusedModel, fused_model
 from leyline.engine.cpu.run_choice import RunMode
+from leyline.engine.cpu.switches import OVERRIDES
 from leyline.engine.engine import Engine
 from leyline.engine.forward import buffers_holding, filled
 from leyline.engine.kv.kv_blocks import KVCache
-from leyline.engine.lean_layers import unfuse, use_lean_layers
+from leyline.engine.lean_layers import drop_lean_layers, use_lean_layers
 from leyline.engine.sampling import SamplingParams
 from leyline.engine.segment_attention import PreparedPlan
 from leyline.engine.session import SessionCache
@@ -112,10 +113,15 @@ def _session(engine: Engine) -> SessionCache:
     return session
 
 
+def _loop(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
+    """The fused loop on (as by default) or off, until the test ends."""
+    monkeypatch.setitem(OVERRIDES, "fused_forward", "auto" if on else "off")
+
+
 def _edited(
     base: SessionCache, edits: list[Edit], fused: bool, monkeypatch: pytest.MonkeyPatch
 ) -> SessionCache:
-    monkeypatch.setenv(SWITCH, "1" if fused else "0")
+    _loop(monkeypatch, fused)
     session = base.fork(copy_kv=True)
     before = session.kv[0][0].data_ptr()
     session.apply_edits(edits, want_logits=True)
@@ -188,9 +194,9 @@ def test_models_it_cannot_run_whole_are_refused(
     model = llama_engine.model
     assert fused_model(model) is not None
     assert fused_model(mla_engine.model) is None  # not transformers' Llama
-    monkeypatch.setenv(SWITCH, "0")
+    _loop(monkeypatch, False)
     assert fused_model(model) is None
-    monkeypatch.delenv(SWITCH)
+    monkeypatch.delitem(OVERRIDES, "fused_forward")
     for module in (model, model.model, model.model.layers[1]):  # modules the loop skips
         hook = module.register_forward_hook(lambda *_: None)
         try:
@@ -203,7 +209,7 @@ def test_models_it_cannot_run_whole_are_refused(
         assert fused_model(model) is None  # a hooked product runs as a module (lean path)
     finally:
         hook.remove()
-    assert unfuse(model) == len(model.model.layers)
+    assert drop_lean_layers(model) == len(model.model.layers)
     try:
         assert fused_model(model) is None
     finally:
@@ -283,10 +289,10 @@ def test_a_decode_step_takes_the_loop_bitwise(
     engine: Engine, loops: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base = _session(engine)
-    monkeypatch.setenv(SWITCH, "0")
+    _loop(monkeypatch, False)
     by_model = _decode(engine, base, 3)
     assert loops == []
-    monkeypatch.setenv(SWITCH, "1")
+    _loop(monkeypatch, True)
     fused = _decode(engine, base, 3)
     assert loops == [1, 1, 1]
     assert all(torch.equal(a, b) for a, b in zip(fused[0], by_model[0], strict=True))
@@ -303,11 +309,11 @@ def test_a_real_model_generation_is_the_same_with_the_loop(
     base = SessionCache(smollm2_engine)
     base.prefill(random_tokens(700, smollm2_engine.vocab_size, seed=6))
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
-    monkeypatch.setenv(SWITCH, "0")
+    _loop(monkeypatch, False)
     plain = base.fork(copy_kv=True)
     expected = plain.generate(params)
     assert loops == []
-    monkeypatch.setenv(SWITCH, "1")
+    _loop(monkeypatch, True)
     fused = base.fork(copy_kv=True)
     got = fused.generate(params)
     assert len(loops) == len(got.tokens) - 1 >= 1  # every step after the prefill's logits
@@ -334,7 +340,7 @@ def test_a_batched_decode_step_takes_the_loop_bitwise(
         sessions.append(session)
     results = {}
     for switch in ("0", "1"):
-        monkeypatch.setenv(SWITCH, switch)
+        _loop(monkeypatch, switch == "1")
         rows = _rows(sessions, 2)
         first = engine.forward_rows(rows)
         rows = [

@@ -14,6 +14,7 @@ from transformers.models.llama import modeling_llama as llama
 from leyline.engine.cpu import kernel_build, layer_kernel
 from leyline.engine.cpu.layer_kernel import FusedLayer
 from leyline.engine.cpu.linear_kernel import F32_ROWS
+from leyline.engine.cpu.switches import OVERRIDES
 from leyline.engine.engine import Engine
 from leyline.engine.lean_layers import FUSED, transformers_layers
 from leyline.engine.session import SessionCache
@@ -106,7 +107,7 @@ def test_the_engine_on_fused_layers_agrees_with_transformers(dtype: torch.dtype)
 def test_the_activations_exp_is_within_a_ulp_and_clamped(
     kernel: layer_kernel.LayerKernel,
 ) -> None:
-    """The kernels' exp (``kernel_build.EXP_C``: SiLU's here, the softmax's in attention)
+    """The kernels' exp (``csrc/kb_exp.h``: SiLU's here, the softmax's in attention)
     against fp64 over its whole range, dense and random; past it, the clamped values (SiLU
     is x or 0 there)."""
     g = torch.Generator().manual_seed(0)
@@ -183,17 +184,15 @@ def test_a_hooked_product_runs_its_module_so_the_hook_fires() -> None:
 
 @contextmanager
 def _switched_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("LEYLINE_LAYER_KERNEL", "0")
-    monkeypatch.setattr(layer_kernel._kernel, "_status", None)
-    monkeypatch.setattr(layer_kernel._kernel, "_loaded", None)
+    monkeypatch.setitem(OVERRIDES, "layer_kernel", "off")
     yield
 
 
-def test_switched_off_by_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     with _switched_off(monkeypatch):
         engine = _engine(torch.float32)
         assert engine.lean_layers == 2 and not _fused(engine) and engine.fused_layers == 0
-        assert "LEYLINE_LAYER_KERNEL" in layer_kernel.status().detail
+        assert layer_kernel.status().detail == "layer_kernel switched off in process"
 
 
 def _kl(p: torch.Tensor, q: torch.Tensor) -> float:

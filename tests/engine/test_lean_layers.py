@@ -12,11 +12,11 @@ import torch
 from transformers import DynamicCache
 
 from leyline.engine.batched_decode import Row
+from leyline.engine.cpu.switches import OVERRIDES
 from leyline.engine.engine import Engine
 from leyline.engine.forward import buffers_holding
 from leyline.engine.lean_layers import (
     FUSED,
-    SWITCH,
     drop_lean_layers,
     lean_forward,
     lean_refusal,
@@ -199,11 +199,14 @@ def test_other_architectures_keep_their_forward(build: Callable[[], LoadedModel]
 
 
 def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SWITCH, "0")
+    monkeypatch.setitem(OVERRIDES, "lean_layers", "off")
     engine = Engine(tiny_llama())
-    assert engine.lean_layers == 0 and lean_refusal(engine.model) == f"{SWITCH}=0"
+    assert (
+        engine.lean_layers == 0
+        and lean_refusal(engine.model) == "lean_layers switched off in process"
+    )
     assert not _bound(engine)
-    monkeypatch.delenv(SWITCH)
+    monkeypatch.delitem(OVERRIDES, "lean_layers")
     assert use_lean_layers(engine.model) == 2 and _bound(engine)
 
 

@@ -20,10 +20,10 @@ from leyline.engine.cpu.linear_kernel import (
 )
 from leyline.engine.cpu.packed_linear import (
     KERNEL_MAX_ROWS,
-    SWITCH,
     PackedLinear,
     pack_linear_layers,
 )
+from leyline.engine.cpu.switches import OVERRIDES
 
 from ._helpers import rel_err, tiny_llama
 
@@ -235,7 +235,7 @@ def test_bf16_products_of_a_splices_pass_go_to_the_kernel(kernel: LinearKernel) 
 def test_a_packed_models_decode_step_gives_the_unpacked_models_logits(
     monkeypatch: pytest.MonkeyPatch, kernel: LinearKernel
 ) -> None:
-    monkeypatch.setenv(SWITCH, "1")
+    monkeypatch.setitem(OVERRIDES, "packed_linear", "on")
     plain, packed = tiny_llama(seed=6).model, tiny_llama(seed=6).model
     report = pack_linear_layers(packed)
     linears = sum(type(m) is nn.Linear for m in plain.modules())
@@ -249,16 +249,14 @@ def test_a_packed_models_decode_step_gives_the_unpacked_models_logits(
     assert rel_err(got, want) <= 1e-5
 
 
-def test_switched_off_by_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LEYLINE_LINEAR_KERNEL", "0")
-    monkeypatch.setattr(linear_kernel._kernel, "_status", None)
-    monkeypatch.setattr(linear_kernel._kernel, "_loaded", None)
-    monkeypatch.setenv(SWITCH, "1")
+def test_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(OVERRIDES, "linear_kernel", "off")
+    monkeypatch.setitem(OVERRIDES, "packed_linear", "on")
     assert linear_kernel.load() is None
-    assert "LEYLINE_LINEAR_KERNEL" in linear_kernel.status().detail
+    assert linear_kernel.status().detail == "linear_kernel switched off in process"
     report = pack_linear_layers(tiny_llama(seed=7).model)
     assert report.packed > 0 and report.direct == 0
-    assert "disabled" in report.kernel
+    assert "switched off" in report.kernel
 
 
 @pytest.mark.parametrize("amx", [True, False])

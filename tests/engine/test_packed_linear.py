@@ -10,12 +10,12 @@ from torch import nn
 
 from leyline.engine.cpu import linear_kernel
 from leyline.engine.cpu.packed_linear import (
-    SWITCH,
     PackedLinear,
     PackReport,
     pack_linear_layers,
     packing_refusal,
 )
+from leyline.engine.cpu.switches import OVERRIDES
 from leyline.engine.engine import Engine
 
 from ._helpers import rel_err, tiny_llama
@@ -86,7 +86,7 @@ def test_an_input_of_another_dtype_is_refused() -> None:
 def test_a_packed_model_gives_the_unpacked_models_logits_and_holds_no_second_copy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv(SWITCH, "1")
+    monkeypatch.setitem(OVERRIDES, "packed_linear", "on")
     plain, packed = tiny_llama(seed=3).model, tiny_llama(seed=3).model
     linears = sum(type(m) is nn.Linear for m in plain.modules())
     before = sum(p.numel() for p in packed.parameters())
@@ -105,30 +105,30 @@ def test_a_packed_model_gives_the_unpacked_models_logits_and_holds_no_second_cop
 
 
 def test_the_switch_keeps_torchs_default_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SWITCH, "0")
+    monkeypatch.setenv("LEYLINE_CPU_KERNELS", "0")  # the whole wing off
     engine = Engine(tiny_llama(seed=4))
-    assert engine.packing.packed == 0 and engine.packing.reason == f"{SWITCH}=0"
+    assert engine.packing.packed == 0 and engine.packing.reason == "LEYLINE_CPU_KERNELS=0"
     assert any(type(m) is nn.Linear for m in engine.model.modules())
 
 
 def test_the_engine_packs_by_default_on_avx512_and_says_why_not_where_it_cannot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv(SWITCH, raising=False)
+    monkeypatch.delitem(OVERRIDES, "packed_linear", raising=False)
     engine = Engine(tiny_llama(seed=5))
     if torch.backends.cpu.get_cpu_capability() == "AVX512":
         assert engine.packing.packed > 0 and not engine.packing.reason
     else:
         assert engine.packing.packed == 0 and "AVX-512" in engine.packing.reason
-    monkeypatch.setenv(SWITCH, "1")
+    monkeypatch.setitem(OVERRIDES, "packed_linear", "on")
     assert Engine(tiny_llama(seed=5)).packing.packed > 0
     half = tiny_llama(seed=5).model.to(torch.float16)
     assert packing_refusal(half) == "torch.float16 weights"
 
 
 def test_the_report_describes_itself_in_one_line() -> None:
-    assert PackReport(0, "LEYLINE_PACKED_LINEAR=0").describe() == (
-        "linear layers unpacked (LEYLINE_PACKED_LINEAR=0)"
+    assert PackReport(0, "LEYLINE_CPU_KERNELS=0").describe() == (
+        "linear layers unpacked (LEYLINE_CPU_KERNELS=0)"
     )
     assert PackReport(211, "").describe() == "211 linear layers on oneDNN-packed weights"
     assert PackReport(211, "", 200, "lib.so", 30).describe() == (

@@ -18,6 +18,7 @@ import torch
 
 from leyline.engine import rope
 from leyline.engine.cpu import rope_kernel
+from leyline.engine.cpu.switches import OVERRIDES
 from leyline.engine.rope import Pairing, rotate_into, rotate_into_eager
 
 HEAD_DIM = 64  # SmolLM2: 3 KV heads of 64 dims, all rotated, half-split
@@ -247,13 +248,11 @@ def test_what_the_kernel_does_not_take_runs_eager() -> None:
 
 
 def test_disabled_kernel_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LEYLINE_ROPE_KERNEL", "0")
-    monkeypatch.setattr(rope_kernel._kernel, "_status", None)
-    monkeypatch.setattr(rope_kernel._kernel, "_loaded", None)
+    monkeypatch.setitem(OVERRIDES, "rope_kernel", "off")
     rope._kernel_mode.cache_clear()
     try:
         assert rope_kernel.load() is None
-        assert "LEYLINE_ROPE_KERNEL" in rope_kernel.status().detail
+        assert rope_kernel.status().detail == "rope_kernel switched off in process"
         x = torch.randn(1, 3, 10, 64)
         f = freqs(32)
         got = rotate_into(torch.empty_like(x), x, 5, f, "half")

@@ -166,11 +166,7 @@ def test_the_portable_build_agrees(kernel: AttentionKernel) -> None:
         return [f for f in attention_kernel._flags(openmp) if not f.startswith(vector)]
 
     portable, status = kernel_build.load_kernel(
-        "attention_kernel_portable",
-        attention_kernel._SOURCE,
-        flags,
-        lambda lib, path, threaded: AttentionKernel(lib, path, threaded=threaded),
-        switch="LEYLINE_ATTENTION_KERNEL",
+        "attention_kernel_portable", "attention_kernel.c", flags, AttentionKernel
     )
     if portable is None:
         pytest.skip(f"portable build unavailable: {status.detail}")

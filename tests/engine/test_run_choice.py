@@ -1,5 +1,5 @@
 """Where a replacement's query run goes: the attention kernel's runs or torch's flash kernel,
-chosen per shape by timing both once (``run_choice``), or as ``LEYLINE_ATTENTION_RUNS``
+chosen per shape by timing both once (``run_choice``), or as a set ``mode``
 says; either way the attention is the same."""
 
 from __future__ import annotations
@@ -62,18 +62,12 @@ def test_key_buckets_are_powers_of_two_within_their_bounds() -> None:
     ]
 
 
-def test_the_switch_decides_without_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
-    for value, wins in (("kernel", True), ("torch", False), (" Torch ", False)):
-        monkeypatch.setenv(run_choice.SWITCH, value)
+def test_a_set_mode_decides_without_measuring() -> None:
+    for mode, wins in (("kernel", True), ("torch", False)):
         chooser = Timed(1.0, 2.0)
-        chooser.mode = run_choice.mode_from_env()
+        chooser.mode = mode
         assert chooser.kernel_wins(*_run()) is wins
         assert chooser.calls == 0
-    monkeypatch.setenv(run_choice.SWITCH, "fastest")
-    with pytest.raises(ValueError, match="LEYLINE_ATTENTION_RUNS must be one of auto"):
-        run_choice.mode_from_env()
-    monkeypatch.delenv(run_choice.SWITCH)
-    assert run_choice.mode_from_env() == "auto"
 
 
 def test_a_real_measurement_times_both_paths_and_takes_runs_follows_it() -> None:

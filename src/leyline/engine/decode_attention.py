@@ -1,20 +1,10 @@
 """Attention of one query over a long cache, at the speed of reading the cache.
 
-A decode step, a batched decode row, and the last token a splice runs again for its
-next-token logits are one query per head against every cached key and value. Two paths
-beat torch's CPU flash-attention kernel there (``src/leyline/evals/bench_decode_attention.py``):
-
-- the compiled kernel (``attention_kernel``), fp32 or bf16: one read of K and V with fp32
-  sums. In bf16 torch's kernel reads the cache at about 1 GB/s (3.0 ms a layer at 4k on
-  SmolLM2) and the kernel is 2.7x faster at 256 keys, 6.7x at 4k, 7.4x at 8k; in fp32
-  1.5x faster at 1k keys, 2x at 4k-8k;
-- without the kernel (no compiler, ``LEYLINE_ATTENTION_KERNEL=0``): two batched matrix
-  products over the grouped heads, for fp32 over :data:`MIN_KEYS` or more keys (0.69-0.80x
-  of torch's time at 4k-8k on the Intel Xeon it was tuned on, but 1.1-1.2x on an AMD EPYC
-  7003; bf16 products are slower than torch's kernel everywhere, so bf16 keeps it).
-
-Grouped-query heads are read in place: query head ``h`` attends with key/value head
-``h // (heads / kv_heads)``, as ``enable_gqa`` does.
+A decode step, a batched decode row and the last token a splice runs again are one query
+per head against every cached key and value. Two paths beat torch's CPU flash kernel there
+(``bench_decode_attention``, docs/perf.md): the compiled kernel (``attention_kernel``, fp32
+or bf16) and, without it, two batched matrix products over the grouped heads for fp32 over
+:data:`MIN_KEYS` keys (bf16 keeps torch's kernel). Grouped-query heads are read in place.
 """
 
 from __future__ import annotations

@@ -1,40 +1,17 @@
 """A leaner forward for transformers' Llama decoder layers: the same operations, fewer calls.
 
-A forward of one token through SmolLM2 spends about 30 ms in its 211 matrix products and
-another 17-20 ms around them (2 cores, fp32): each decoder layer goes through two
-deprecation wrappers, a kernel-hub wrapper that sets a context variable, five module calls
-of its own (attention, MLP, two norms, the activation) and the norms' and RoPE's small ops.
-A decode step, a delete's last token and a splice's pass pay that 30 times.
-
 :func:`lean_forward` replaces ``LlamaDecoderLayer.forward`` on a model's layer instances
 with one function that runs the layer's own submodules and weights in the same order with
-the same operations: RMSNorm as ``LlamaRMSNorm`` computes it (fp32 inside, skipped casts
-when the input is fp32 already), RoPE as ``apply_rotary_pos_emb`` on the model's cos/sin,
-the cache layer's ``update``, the attention function ``config._attn_implementation``
-names (the engine's ``leyline_sdpa``, with every keyword the forward was given), the
-linear layers as modules (hooks still fire). A forward asked for attention weights
-(``output_attentions``: transformers records them from the attention module's call) runs
-transformers' own, as does any forward inside :func:`transformers_layers`. Results are
-bitwise those of transformers' forward (``tests/engine/test_lean_layers.py``, both
-dtypes), 1.00-1.12x faster per operation here, up to about 6 ms per forward
-(``src/leyline/evals/bench_lean_layers.py``).
-
-A forward of few rows goes further where the layer is bound to ``layer_kernel`` (every
-product on ``linear_kernel`` at that row count, no hook on them): each side of the
-attention is one foreign call (:class:`~.layer_kernel.FusedLayer`), within rounding of
-transformers' results rather than bitwise (the norm sums in another order), 1.1-1.3x
-faster per decode step, delete or fp32 splice. :func:`unfuse` keeps every forward on the
-lean path (A/B runs; the bitwise tests).
-
-:func:`use_lean_layers` installs it only where every layer is exactly transformers'
-``LlamaDecoderLayer`` with its own attention, SiLU-gated MLP and RMSNorm classes; other
-models (DeepSeek's MLA, Qwen, ...) keep their forward. ``LEYLINE_LEAN_LAYERS=0`` turns
-it off (for A/B runs).
+the same operations, skipping the wrappers and small ops a few-row forward paid for in every
+layer; results are bitwise transformers' (``tests/engine/test_lean_layers.py``). A forward
+asked for attention weights, or inside :func:`transformers_layers`, runs transformers' own.
+Where a layer is bound to ``layer_kernel`` (:class:`~.layer_kernel.FusedLayer`), a forward
+of few rows runs each side of the attention as one foreign call instead. Only exactly
+transformers' Llama layers go lean; ``switches`` can turn it off.
 """
 
 from __future__ import annotations
 
-import os
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,10 +22,9 @@ from transformers import PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama import modeling_llama as llama
 
-from leyline.engine.cpu import layer_kernel
+from leyline.engine.cpu import layer_kernel, switches
 from leyline.engine.cpu.layer_kernel import FusedLayer
 
-SWITCH = "LEYLINE_LEAN_LAYERS"
 FUSED = "leyline_fused"
 """A lean layer's attribute holding its :class:`~.layer_kernel.FusedLayer`, where bound."""
 
@@ -144,8 +120,8 @@ def _takes(layer: torch.nn.Module) -> bool:
 
 def lean_refusal(model: PreTrainedModel) -> str:
     """Why this model's decoder layers keep transformers' forward; empty if they can go lean."""
-    if os.environ.get(SWITCH, "").strip() == "0":
-        return f"{SWITCH}=0"
+    if switches.refusal("lean_layers"):
+        return switches.refusal("lean_layers")
     decoder = getattr(model, "model", None)
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
@@ -183,13 +159,6 @@ def fused_layers(model: PreTrainedModel) -> int:
     """How many decoder layers run their few-row forwards fused (``layer_kernel``)."""
     layers = getattr(getattr(model, "model", None), "layers", ())
     return sum(FUSED in vars(layer) for layer in layers)
-
-
-def unfuse(model: PreTrainedModel) -> int:
-    """Run every lean layer's few-row forwards on the lean path too (A/B runs, tests);
-    returns how many layers were fused. :func:`use_lean_layers` fuses them again."""
-    layers = getattr(getattr(model, "model", None), "layers", ())
-    return sum(layer.__dict__.pop(FUSED, None) is not None for layer in layers)
 
 
 @contextmanager

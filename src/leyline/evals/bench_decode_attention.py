@@ -9,9 +9,7 @@ medians:
 * ``matmul``: ``decode_attention.matmul_attention`` (two batched matrix products over the
   grouped heads), what the engine runs for fp32 without the compiled kernel;
 * ``kernel``: ``attention_kernel`` (compiled; fp32 and bf16), what it runs where it loads:
-  in bf16 on the tile unit where the kernel has it (``AttentionKernel.amx``);
-* ``vectors``: the same kernel with the tile unit off (``use_tiles(False)``), bf16 where it
-  has one: the tile path's A/B.
+  in bf16 on the tile unit where the kernel has it (``AttentionKernel.amx``).
 
 Shapes are SmolLM2-135M's (9 query heads, 3 key/value heads, head dim 64), keys and values
 views of a larger buffer as the engine's are. ``GB/s`` is the K+V bytes read per second.
@@ -53,17 +51,8 @@ def bench(n: int, dtype: torch.dtype, runs: int) -> dict[str, float]:
     }
     kernel = attention_kernel.load()
     if kernel is not None:
-        arms["kernel"] = lambda: (kernel.use_tiles(True), kernel.attend(query, keys, values, None))
-        if kernel.amx and dtype == torch.bfloat16:
-            arms["vectors"] = lambda: (
-                kernel.use_tiles(False),
-                kernel.attend(query, keys, values, None),
-            )
-    try:
-        return interleaved_medians(arms, runs)
-    finally:
-        if kernel is not None:
-            kernel.use_tiles(True)
+        arms["kernel"] = lambda: kernel.attend(query, keys, values, None)
+    return interleaved_medians(arms, runs)
 
 
 def bench_in_model(n: int, runs: int, dtype: torch.dtype) -> dict[str, float]:
@@ -133,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {args.runs}")
     print(f"# attention kernel: {attention_kernel.status().detail}")
     print(
-        "dtype     context | sdpa_ms matmul_ms kernel_ms vectors_ms | matmul/sdpa kernel/sdpa"
-        " vectors/kernel | GB/s: sdpa matmul kernel"
+        "dtype     context | sdpa_ms matmul_ms kernel_ms | matmul/sdpa kernel/sdpa"
+        " | GB/s: sdpa matmul kernel"
     )
     nan = float("nan")
     for name in args.dtypes:
@@ -143,11 +132,10 @@ def main(argv: list[str] | None = None) -> int:
             ms = bench(n, dtype, args.runs)
             nbytes = 2 * KV_HEADS * n * DIM * dtype.itemsize
             rate = {arm: nbytes / t / 1e6 for arm, t in ms.items()}
-            k_ms, v_ms = ms.get("kernel", nan), ms.get("vectors", nan)
+            k_ms = ms.get("kernel", nan)
             print(
                 f"{name:9} {n:7} | {ms['sdpa']:7.3f} {ms['matmul']:9.3f} {k_ms:9.3f} "
-                f"{v_ms:10.3f} | {ms['matmul'] / ms['sdpa']:11.2f} {k_ms / ms['sdpa']:11.2f} "
-                f"{v_ms / k_ms:14.2f} | "
+                f"| {ms['matmul'] / ms['sdpa']:11.2f} {k_ms / ms['sdpa']:11.2f} | "
                 f"{rate['sdpa']:10.1f} {rate['matmul']:6.1f} {rate.get('kernel', nan):6.1f}"
             )
     if args.in_model is not None:

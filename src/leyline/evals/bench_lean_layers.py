@@ -1,18 +1,14 @@
-"""The lean decoder-layer forward (``lean_layers``), the fused few-row layers
-(``layer_kernel``) and the loop over them (``fused_forward``) against transformers' own
+"""The lean decoder-layer forward (``lean_layers``) with its fused few-row layers
+(``layer_kernel``), and the loop over them (``fused_forward``), against transformers' own
 forward, per operation.
 
 One engine per dtype; for each context a prefilled session, then three operations on a
-private copy of it, each run with transformers' layer forward (``plain``), the lean one
-without the fused layers (``lean``), with them inside the model's forward (``fused``:
-few-row forwards in two foreign calls per layer where every product runs on
-``linear_kernel``; ``LEYLINE_FUSED_FORWARD=0``) and with the model's forward replaced by one
-loop over them (``loop``, the engine's default), interleaved so the machine's noise hits the
-arms alike: a decode step (one token), a delete with next-token logits (a 300-token span at
-a quarter of the context, in place), and a splice with logits (the same span replaced by 16
-tokens). Figures are medians; ``x`` is plain / lean, lean / fused and fused / loop. plain
-and lean compute bitwise the same (``test_lean_layers.py``), fused the same within rounding
-(``test_layer_kernel.py``), loop bitwise as fused (``test_fused_forward.py``).
+private copy of it (a decode step, a delete with next-token logits of a 300-token span at a
+quarter of the context, and a splice with logits replacing it by 16 tokens), each run with
+transformers' layer forward (``plain``), the lean one with the fused layers inside the
+model's forward (``fused``: the loop switched off) and with the model's forward replaced by
+the loop (``loop``, the engine's default), interleaved. Figures are medians; ``x`` is
+plain / fused and fused / loop.
 
 Run: ``.venv/bin/python -m leyline.evals.bench_lean_layers`` (``--quick`` for a smoke run).
 """
@@ -21,19 +17,17 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
-from leyline.engine.cpu import layer_kernel
-from leyline.engine.cpu.fused_forward import SWITCH as LOOP_SWITCH
+from leyline.engine.cpu import layer_kernel, switches
 from leyline.engine.engine import Engine
 from leyline.engine.forward import buffers_holding
 from leyline.engine.kv.allocator import retain_freed_memory
-from leyline.engine.lean_layers import drop_lean_layers, unfuse, use_lean_layers
+from leyline.engine.lean_layers import drop_lean_layers, fused_layers, use_lean_layers
 from leyline.engine.session import SessionCache
 from leyline.evals.bench_linear_kernel import DTYPES
 from leyline.evals.bench_splice import document, stub_tokens
@@ -79,7 +73,7 @@ def timed(op: Op) -> float:
     return ms
 
 
-ARMS = ("plain", "lean", "fused", "loop")
+ARMS = ("plain", "fused", "loop")
 
 
 def bench(engine: Engine, n: int, runs: int) -> dict[str, tuple[float, ...]]:
@@ -89,37 +83,19 @@ def bench(engine: Engine, n: int, runs: int) -> dict[str, tuple[float, ...]]:
     ops = operations(engine, base)
     times: dict[tuple[str, str], list[float]] = {}
 
-    def lean() -> None:
-        use_lean_layers(engine.model)
-        unfuse(engine.model)
-
-    def fused(loop: bool) -> Callable[[], object]:
-        def switch() -> None:
-            use_lean_layers(engine.model)
-            os.environ[LOOP_SWITCH] = "1" if loop else "0"
-
-        return switch
-
-    arms: dict[str, Callable[[], object]] = {
-        "plain": lambda: drop_lean_layers(engine.model),
-        "lean": lean,
-        "fused": fused(False),
-        "loop": fused(True),
+    arms: dict[str, tuple[Callable[[], object], switches.Setting]] = {
+        "plain": (lambda: drop_lean_layers(engine.model), "auto"),
+        "fused": (lambda: use_lean_layers(engine.model), "off"),
+        "loop": (lambda: use_lean_layers(engine.model), "auto"),
     }
-    was = os.environ.get(LOOP_SWITCH)
-    try:
-        for round_ in range(runs + 1):  # the first round warms up
-            for name, op in ops.items():
-                for arm, switch in arms.items():
-                    switch()
+    for round_ in range(runs + 1):  # the first round warms up
+        for name, op in ops.items():
+            for arm, (switch, loop) in arms.items():
+                switch()
+                with switches.override(fused_forward=loop):
                     ms = timed(op)
-                    if round_:
-                        times.setdefault((name, arm), []).append(ms)
-    finally:
-        if was is None:
-            os.environ.pop(LOOP_SWITCH, None)
-        else:
-            os.environ[LOOP_SWITCH] = was
+                if round_:
+                    times.setdefault((name, arm), []).append(ms)
     use_lean_layers(engine.model)
     base.release()
     return {name: tuple(statistics.median(times[name, arm]) for arm in ARMS) for name in ops}
@@ -147,22 +123,18 @@ def main(argv: list[str] | None = None) -> dict[str, dict[int, dict[str, tuple[f
         if not engine.lean_layers:
             print(f"# {dtype}: the model's layers cannot go lean")
             continue
-        fused = unfuse(engine.model)
-        use_lean_layers(engine.model)
+        fused = fused_layers(engine.model)
         print(
             f"# {dtype}: {engine.lean_layers} lean layers, {fused} fused "
             f"({layer_kernel.status().detail}); {engine.packing.describe()}"
         )
-        print(
-            "context | operation      | plain_ms  lean_ms fused_ms  loop_ms | "
-            "plain/lean lean/fused fused/loop"
-        )
+        print("context | operation      | plain_ms fused_ms  loop_ms | plain/fused fused/loop")
         for n in args.contexts:
             figures = results.setdefault(dtype, {})[n] = bench(engine, n, args.runs)
-            for name, (plain, lean, fast, loop) in figures.items():
+            for name, (plain, fast, loop) in figures.items():
                 print(
-                    f"{n:7d} | {name:14s} | {plain:8.1f} {lean:8.1f} {fast:8.1f} {loop:8.1f} | "
-                    f"{plain / lean:9.2f}x {lean / fast:9.2f}x {fast / loop:9.2f}x"
+                    f"{n:7d} | {name:14s} | {plain:8.1f} {fast:8.1f} {loop:8.1f} | "
+                    f"{plain / fast:10.2f}x {fast / loop:9.2f}x"
                 )
     return results
 

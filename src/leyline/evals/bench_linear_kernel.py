@@ -27,7 +27,7 @@ from leyline.engine.cpu.linear_kernel import DirectLinear
 from leyline.engine.cpu.packed_linear import PackedLinear
 from leyline.engine.engine import Engine
 from leyline.engine.kv.allocator import retain_freed_memory
-from leyline.engine.lean_layers import unfuse, use_lean_layers
+from leyline.engine.lean_layers import drop_lean_layers, use_lean_layers
 from leyline.engine.session import SessionCache
 from leyline.evals.bench_decode import session_rows
 from leyline.evals.bench_splice import document, stub_tokens, timed_edit
@@ -51,12 +51,10 @@ class KernelSwitch:
         return sum(b is not None for b in self.bound)
 
     def set(self, on: bool) -> None:
-        if not on:
-            unfuse(self.model)
         for layer, direct in zip(self.layers, self.bound, strict=True):
             layer.direct = direct if on else None
-        if on:
-            use_lean_layers(self.model)  # binds the fused layers again, where it applies
+        drop_lean_layers(self.model)
+        use_lean_layers(self.model)  # binds the fused layers where the products allow
 
 
 Arm = Callable[[], float]

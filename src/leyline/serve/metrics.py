@@ -64,6 +64,20 @@ class Metrics:
             registry=r,
         )
 
+        self.cpu_kernels = Gauge(
+            "leyline_cpu_kernel",
+            "1 where the engine's compiled CPU kernel is on, 0 where it is off "
+            "(switched off, no C compiler, failed build: the log says why)",
+            ["kernel"],
+            registry=r,
+        )
+
+    def record_cpu_kernels(self) -> None:
+        from leyline.engine import cpu
+
+        for kernel, state in cpu.status().items():
+            self.cpu_kernels.labels(kernel).set(1 if state == "on" else 0)
+
     def record_scheduler(self, stats: SchedulerStats) -> None:
         for name, value in (
             ("jobs", stats.jobs),
@@ -85,4 +99,5 @@ class Metrics:
             self.fallbacks.labels(report.fallback_reason.value).inc()
 
     def render(self) -> bytes:
+        self.record_cpu_kernels()
         return generate_latest(self.registry)

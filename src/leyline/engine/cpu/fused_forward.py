@@ -1,33 +1,16 @@
 """A few rows through a Llama model whose layers are all fused, without transformers' forward.
 
-A splice's pass (its 16-token stub and the last token again), a delete's last token and a
-decode step (one generation's, or a batch of them) go through the model as one forward of
-a few rows. With every decoder layer fused
-(``layer_kernel``) and the attention on the kernel, what was left around those C calls was
-Python: ``LlamaForCausalLM.forward`` and its wrappers, the lean layer's checks, the cache
-layer's update, the attention function's dispatch, and per layer and run the segment
-attention's checks, tables and query stacking (``segment_attention``). On a 4k bf16 splice
-that was about 9 of its 48 ms (2 cores), while the kernels' second thread waited.
-
-:meth:`FusedModel.logits` runs the same computation as a loop over the fused layers'
-``pre`` and ``post`` calls, with the attention between them supplied by the caller (an
-in-place edit's :class:`~.segment_attention.PreparedPlan`, whose kernel calls are checked
-and tabled once for all layers). It calls the same modules and kernels on the same values
-in the same order, so its logits and KV are bitwise those of the model's forward
-(``tests/engine/test_fused_forward.py``). :func:`decode_rows` runs decode steps
-through it, each row's query on the single-query kernel over its own buffer.
-
-:func:`fused_model` returns None for any model it does not take whole: not exactly
-transformers' ``LlamaForCausalLM`` of lean layers, a layer not fused, a forward hook the
-model's forward would fire and the loop would not (on the model, its decoder or a decoder
-layer; transformers' own output-capturing hooks aside), or a config asking for attention
-weights; and every model while
-``LEYLINE_FUSED_FORWARD=0`` (A/B runs). Callers then run the model's own forward.
+With every decoder layer fused (``layer_kernel``) and the attention on the kernel, what was
+left of a few-row forward (a splice's pass, a delete's last token, a decode step) was
+Python around the C calls. :meth:`FusedModel.logits` runs the same modules and kernels on
+the same values in the same order as a loop over the layers' ``pre`` and ``post`` calls,
+the attention supplied by the caller, so logits and KV are bitwise the model's forward's.
+:func:`fused_model` returns None for a model it does not take whole (or while
+``switches`` has ``fused_forward`` off); callers then run the model's own forward.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -38,15 +21,13 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.llama import modeling_llama as llama
 
-from leyline.engine.cpu import attention_kernel
+from leyline.engine.cpu import attention_kernel, switches
 from leyline.engine.cpu.layer_kernel import FusedLayer, hooked
 from leyline.engine.decode_attention import KERNEL_MIN_KEYS
 from leyline.engine.lean_layers import FUSED
 
 if TYPE_CHECKING:
     from leyline.engine.forward import KVBuffers
-
-SWITCH = "LEYLINE_FUSED_FORWARD"
 
 LayerAttention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``(layer, queries, keys, values)`` -> the attention's output at that layer: queries
@@ -106,10 +87,13 @@ class FusedModel:
 
 
 def fused_model(model: PreTrainedModel) -> FusedModel | None:
-    """``model`` as a :class:`FusedModel`, or None where it cannot run so (module
-    docstring). Called on every pass: what only changes with the fused layers is worked out
-    once per set of them; the switch, the config and the hooks are looked at each time."""
-    if os.environ.get(SWITCH, "").strip() == "0":
+    """``model`` as a :class:`FusedModel`, or None where it cannot run so: not exactly
+    transformers' ``LlamaForCausalLM`` of lean layers, a layer not fused, a forward hook the
+    loop would not fire (transformers' output-capturing hooks aside), a config asking for
+    attention weights, or ``fused_forward`` switched off. Called on every pass: what only
+    changes with the fused layers is worked out once per set of them; the switch, the
+    config and the hooks are looked at each time."""
+    if switches.setting("fused_forward") == "off":
         return None
     if type(model) is not llama.LlamaForCausalLM or type(model.model) is not llama.LlamaModel:
         return None

@@ -1,15 +1,10 @@
-"""Compile a C kernel once per machine and load it with ``ctypes``.
+"""Build the CPU kernels' C sources (``csrc/``) once per machine and load them with ctypes.
 
-The engine's CPU kernels (``rope_kernel``: the delta rotation of cached keys;
-``attention_kernel``: one query's attention over a long cache) are C sources compiled with
-the system C compiler (``$CC``, ``cc``, ``gcc`` or ``clang``) into
-``$LEYLINE_CACHE_DIR/kernels`` (default ``~/.cache/leyline/kernels``), keyed by a hash of the
-source, flags and compiler, and loaded with ``ctypes`` (which releases the GIL during a
-call). OpenMP builds link ``libgomp.so.1``, which resolves to the copy torch already loaded,
-so a kernel shares torch's warm thread pool; a compiler without OpenMP gives a one-thread
-build. Without a compiler, on a failed build, or with the kernel's environment switch set to
-``0``, :func:`load_kernel` returns None and the caller keeps its eager path; the
-:class:`KernelStatus` says why.
+The one place that compiles: the system C compiler (``$CC``, ``cc``, ``gcc`` or ``clang``)
+builds each kernel into ``$LEYLINE_CACHE_DIR/kernels`` (default ``~/.cache/leyline/kernels``),
+keyed by a hash of its sources, flags and compiler; OpenMP builds share torch's thread pool
+(``libgomp``), a compiler without OpenMP gives a one-thread build. ``python -m
+leyline.engine.cpu.build`` builds every kernel ahead of time.
 """
 
 from __future__ import annotations
@@ -19,6 +14,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,11 +22,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
+from leyline.engine.cpu import switches
+
 K = TypeVar("K")
+CSRC = Path(__file__).with_name("csrc")
+"""The kernels' C sources."""
+_INCLUDE = re.compile(r'^#include "([^"]+)"', re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,88 +109,6 @@ def base_flags(openmp: bool) -> list[str]:
     return flags
 
 
-AMX_C = r"""
-#ifdef __AMX_BF16__
-#include <immintrin.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-/* The tile configuration ldtilecfg reads (palette 1). */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} kb_tilecfg;
-
-/* 1 when Linux grants this process the tile state (asked per process, by any thread). */
-static int kb_amx_request(void) {
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-}
-
-/* The calling thread's eight tiles: rows[t] rows of 64 bytes each. */
-static void kb_tiles_configure(const uint8_t rows[8]) {
-    kb_tilecfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = rows[t];
-    }
-    /* the barrier: GCC may otherwise drop the stores into cfg, which ldtilecfg reads */
-    __asm__ volatile("" : : "r"(&cfg) : "memory");
-    _tile_loadconfig(&cfg);
-}
-
-static const uint8_t kb_full_tiles[8] = {16, 16, 16, 16, 16, 16, 16, 16};
-#endif
-"""
-"""C for kernels that use the tile unit (AMX), placed after their includes (``_GNU_SOURCE``
-defined first): the tile configuration, the per-process request for the tile state and the
-per-thread configuration."""
-SCRATCH_C = r"""
-#include <stdlib.h>
-/* A thread's scratch floats, kept between calls and grown as needed: no allocation per
-   call (NULL when memory runs out). */
-static _Thread_local float *kb_tls;
-static _Thread_local int64_t kb_tls_floats;
-
-static float *kb_scratch(int64_t floats) {
-    if (floats > kb_tls_floats) {
-        free(kb_tls);
-        kb_tls = malloc(sizeof(float) * (size_t)floats);
-        kb_tls_floats = kb_tls ? floats : 0;
-    }
-    return kb_tls;
-}
-"""
-"""C for a kernel's per-thread scratch (``kb_scratch``), placed after its includes."""
-EXP_C = r"""
-#include <stdint.h>
-#include <string.h>
-/* e^x in fp32 without a call, so that loops calling it vectorise: x = n ln2 + r (ln 2 split
-   in two, so n ln2 is exact to fp32), e^r by a degree-7 polynomial in Horner form (Cephes'
-   expf coefficients), 2^n built in the exponent bits; x is clamped to [-87, 88]. Within 1.02
-   ulp of the exact value over that range (tests/engine/test_layer_kernel.py). */
-static inline float kb_exp(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float t = x * 1.44269504088896341f + 12582912.0f; /* round to nearest via 1.5 * 2^23 */
-    float n = t - 12582912.0f;
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
-    float s;
-    memcpy(&s, &e, 4);
-    return p * s;
-}
-"""
-"""C for ``kb_exp``, the kernels' vectorisable exp (the attention's softmax, SiLU)."""
 AMX_FLAGS = ("-mamx-tile", "-mamx-bf16")
 """The compiler flags for bf16 products on the CPU's tile unit (AMX)."""
 
@@ -202,14 +121,56 @@ def amx_flags(flags: list[str]) -> list[str]:
     return []
 
 
-def _build(cc: str, flags: list[str], source: str, name: str, target: Path) -> None:
+_CTYPES: dict[str, Any] = {
+    "i": ctypes.c_int32,
+    "q": ctypes.c_int64,
+    "p": ctypes.c_void_p,
+    "f": ctypes.c_float,
+}
+
+
+def bind(lib: ctypes.CDLL, name: str, args: str, returns: str | None = "i") -> Any:
+    """``lib``'s function ``name`` typed by one letter per argument (``i`` int32, ``q``
+    int64, ``p`` pointer, ``f`` float; spaces ignored) and for the result (None: void)."""
+    fn = lib[name]
+    fn.argtypes = [_CTYPES[c] for c in args.replace(" ", "")]
+    fn.restype = None if returns is None else _CTYPES[returns]
+    return fn
+
+
+class Library:
+    """A kernel's loaded shared library; each kernel's class types its functions in
+    :meth:`setup` (with :func:`bind`)."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path, threaded: bool) -> None:
+        self.path = path
+        self.threaded = threaded
+        """Built with OpenMP: calls split their work over ``torch.get_num_threads()``."""
+        self.setup(lib)
+
+    def setup(self, lib: ctypes.CDLL) -> None:
+        raise NotImplementedError
+
+
+def sources(name: str) -> list[Path]:
+    """``csrc/<name>`` and every file it includes with quotes, in the order first met (the
+    files a build reads, so all of them key its cached library)."""
+    found: list[Path] = []
+    todo = [CSRC / name]
+    while todo:
+        path = todo.pop(0)
+        if path not in found:
+            found.append(path)
+            todo += [path.parent / inc for inc in _INCLUDE.findall(path.read_text())]
+    return found
+
+
+def _build(cc: str, flags: list[str], source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        path = Path(tmp) / f"{name}.c"
-        path.write_text(source)
         built = Path(tmp) / target.name
         subprocess.run(
-            [cc, *flags, str(path), "-o", str(built), "-lm"],
+            [cc, *flags, str(source), "-o", str(built), "-lm"],
             check=True,
             capture_output=True,
             timeout=120,
@@ -220,14 +181,16 @@ def _build(cc: str, flags: list[str], source: str, name: str, target: Path) -> N
 def _load_variant(
     name: str, source: str, flags: list[str], cc: str, version: str
 ) -> tuple[ctypes.CDLL, Path]:
-    key = "\0".join([source, cc, version, *flags, platform.machine()])
+    files = sources(source)
+    texts = [f"{path.name}\0{path.read_text()}" for path in files]
+    key = "\0".join([*texts, cc, version, *flags, platform.machine()])
     target = cache_dir() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
     if not target.exists():
-        _build(cc, flags, source, name, target)
+        _build(cc, flags, files[0], target)
     try:
         return ctypes.CDLL(str(target)), target
     except OSError:  # a damaged cached copy: build it again, once
-        _build(cc, flags, source, name, target)
+        _build(cc, flags, files[0], target)
         return ctypes.CDLL(str(target)), target
 
 
@@ -236,14 +199,10 @@ def load_kernel(
     source: str,
     flags: Callable[[bool], list[str]],
     wrap: Callable[[ctypes.CDLL, Path, bool], K],
-    *,
-    switch: str,
 ) -> tuple[K | None, KernelStatus]:
-    """Build (or reuse) and load ``source``; ``flags(openmp)`` gives the compiler flags and
-    ``wrap(lib, path, threaded)`` the caller's typed handle. Tries an OpenMP build first,
-    then a one-thread one. ``switch``: the environment variable that turns it off."""
-    if os.environ.get(switch, "1").strip().lower() in ("0", "off", "false", "no"):
-        return None, KernelStatus(False, f"disabled by {switch}")
+    """Build (or reuse) ``csrc/<source>`` as ``<name>-<hash>.so`` and load it;
+    ``flags(openmp)`` gives the compiler flags and ``wrap(lib, path, threaded)`` the caller's
+    typed handle. Tries an OpenMP build first, then a one-thread one."""
     cc = compiler()
     if cc is None:
         return None, KernelStatus(False, "no C compiler found ($CC, cc, gcc, clang)")
@@ -269,35 +228,57 @@ def load_kernel(
     return None, KernelStatus(False, "; ".join(failures))
 
 
+KERNELS: dict[str, LazyKernel[Any]] = {}
+"""Every kernel by name, in the order their modules were imported."""
+_warned = False
+
+
 class LazyKernel(Generic[K]):
-    """A kernel built and loaded on first use, once per process (thread-safe); the module
-    of each kernel holds one and exposes its ``load()`` and ``status()``."""
+    """A kernel built and loaded on first use, once per process (thread-safe), unless the
+    wing's switch has it off (``switches``); the module of each kernel holds one and exposes
+    its ``load()`` and ``status()``. Every one made is listed in :data:`KERNELS`."""
 
     def __init__(
         self,
         name: str,
-        source: str,
         flags: Callable[[bool], list[str]],
         wrap: Callable[[ctypes.CDLL, Path, bool], K],
-        *,
-        switch: str,
     ) -> None:
-        self._args = (name, source, flags, wrap)
-        self._switch = switch
+        self.name = name
+        self._args = (name, f"{name}.c", flags, wrap)
         self._lock = threading.Lock()
         self._loaded: K | None = None
         self._status: KernelStatus | None = None
+        KERNELS[name] = self
 
-    def load(self) -> K | None:
-        """The kernel, or None if unusable (see :meth:`status`)."""
+    def build(self) -> KernelStatus:
+        """Build and load it (whatever the switch says), once per process."""
         if self._status is None:
             with self._lock:
                 if self._status is None:
-                    self._loaded, self._status = load_kernel(*self._args, switch=self._switch)
+                    self._loaded, self._status = load_kernel(*self._args)
+        return self._status
+
+    def load(self) -> K | None:
+        """The kernel, or None if switched off or unusable (see :meth:`status`)."""
+        if switches.refusal(self.name) or not self.build().available:
+            _warn_off()
+            return None
         return self._loaded
 
     def status(self) -> KernelStatus:
-        """Whether :meth:`load` found a kernel, and the library's path or the reason."""
-        self.load()
-        assert self._status is not None
-        return self._status
+        """Whether :meth:`load` finds a kernel, and the library's path or the reason."""
+        off = switches.refusal(self.name)
+        return KernelStatus(False, off) if off else self.build()
+
+
+def _warn_off() -> None:
+    """One warning line per process naming every kernel that is off, and why."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    from leyline.engine import cpu
+
+    off = [f"{name} ({state[5:]})" for name, state in cpu.status().items() if state != "on"]
+    switches.log.warning("CPU kernels off, torch runs their work: %s", "; ".join(off))

@@ -1,42 +1,24 @@
 """Linear layers on oneDNN's prepacked weights: the matrix products of a CPU forward.
 
-A forward of a few tokens is one matrix product per linear layer with 1 to a few dozen
-rows. torch's default CPU path (``F.linear`` on a row-major weight) streams the weights at
-about 9 GB/s for one row on this machine, against 25-33 GB/s for a plain read, and reaches
-about 45 GFLOP/s for 17 rows. The same products on a weight reordered once into oneDNN's
-blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, what torch's own CPU inductor
-uses for frozen weights) run 1.3-2x faster at every row count measured, prefill chunks of
-512 rows included (``docs/perf.md``, "Linear layers on packed weights"). Products of at most
-:data:`KERNEL_MAX_ROWS` rows or a few dozen (a decode step, a batched decode of a few
-sessions, a delete's last token, a splice's pass) read the same packed buffer with
-``linear_kernel`` instead, at memory speed.
-
 :func:`pack_linear_layers` swaps every ``nn.Linear`` of a CPU model in fp32 or bf16 for a
-:class:`PackedLinear` holding only the packed weight: no second copy of the weights stays
-behind, except for an output head tied to the input embedding (the embedding keeps the
-shared matrix, the head packs its own copy). The results are the plain product's within
-fp32 rounding (a different summation order); ``tests/engine/test_packed_linear.py``
-checks them against fp64.
-
-Where it packs: measured faster on an AVX-512 CPU (AMD EPYC, Zen 4 class), so by default it
-packs where torch reports AVX-512 kernels; on an AVX2-only CPU an earlier oneDNN path
-(``torch.utils.mkldnn``) was measured slower than the default on these shapes, so it stays
-off there unless forced. ``LEYLINE_PACKED_LINEAR=1`` packs wherever oneDNN takes the dtype,
-``=0`` never packs (for A/B runs, or where oneDNN misbehaves).
+:class:`PackedLinear` holding only the weight reordered once into oneDNN's blocked layout
+(what torch's CPU inductor does for frozen weights), faster at every row count measured
+(docs/perf.md); products of few rows read the same buffer with ``linear_kernel``. Results
+are the plain product's within fp32 rounding. It packs by default where torch runs AVX-512
+kernels (measured slower on AVX2); ``switches.override(packed_linear="on")`` packs wherever
+oneDNN takes the dtype.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from leyline.engine.cpu import linear_kernel
+from leyline.engine.cpu import linear_kernel, switches
 from leyline.engine.cpu.linear_kernel import DirectLinear, LinearKernel
 
-SWITCH = "LEYLINE_PACKED_LINEAR"
 ROWS_HINT = 64
 """The row count oneDNN is told to expect when it picks the packed layout; measured best
 or tied for 1-512 rows on this machine (``src/leyline/evals/bench_packed_linear.py``)."""
@@ -134,9 +116,9 @@ class PackReport:
 
 def packing_refusal(model: nn.Module) -> str:
     """Why this model's linear layers stay on torch's default path; empty if they can pack."""
-    switch = os.environ.get(SWITCH, "").strip()
-    if switch == "0":
-        return f"{SWITCH}=0"
+    setting = switches.setting("packed_linear")
+    if setting == "off":
+        return switches.refusal("packed_linear")
     if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return "torch was built without oneDNN"
     params = list(model.parameters())
@@ -147,8 +129,8 @@ def packing_refusal(model: nn.Module) -> str:
         return f"{dtype} weights"
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return "this CPU has no native bf16 products for oneDNN"
-    if switch != "1" and torch.backends.cpu.get_cpu_capability() != "AVX512":
-        return f"measured faster on AVX-512 CPUs only; {SWITCH}=1 packs here too"
+    if setting != "on" and torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return "measured faster on AVX-512 CPUs only"
     return ""
 
 

@@ -1,33 +1,16 @@
-"""Which runs a replacement's queries faster on this CPU: the attention kernel's query runs or
-torch's flash kernel, measured once per shape.
+"""Which runs a replacement's queries faster on this CPU, the attention kernel's query runs or
+torch's flash kernel: measured once per shape and key-count bucket.
 
-The kernel's runs (``AttentionKernel.attend_runs``) were written for and measured on an
-AVX-512 CPU without AMX, where they beat torch's CPU flash kernel 1.3-2.1x for 16 queries
-over 600 keys and more. On a Xeon with AMX, torch's bf16 flash kernel runs its products on
-the tile unit and the order flips (16 queries over 1,040 keys: torch 353 us against the
-kernel's 650; ``bench_run_attention``, docs/perf.md). Neither CPU flag nor dtype
-alone says which wins, and the order can flip with the number of keys (bf16 on that Xeon
-after the kernel scored on the tile unit too: tied at 1k keys, the kernel 1.4x faster at
-2k), so the first run of each shape and key-count bucket (the next power of two, from
-:data:`MIN_BUCKET_KEYS` to :data:`MAX_BUCKET_KEYS`) times both on random data of that size
-(a few interleaved calls each, 10-100 ms once per process and bucket) and every later run
-of that shape and bucket takes the faster. Both paths compute the same attention to fp32
-rounding; only the time differs.
-
-A run that reads several key segments (an in-place splice's replacement: the kept prefix and
-its own side entries, ``segment_attention``) costs torch more than one masked call: each
-segment is attended on its own and the parts merged by their log-sum-exp. Such runs are
-measured apart, with both arms doing that (two segments, torch's arm through
-``segment_attention``'s own functions); the one-segment measurement had sent them to torch
-where the kernel was faster (16 queries over about 1k keys, fp32: a 4k splice 1.04x slower).
-
-``LEYLINE_ATTENTION_RUNS`` overrides: ``kernel`` (always the kernel where it takes the run),
-``torch`` (never), ``auto`` (the default: measured).
+Neither CPU flag nor dtype says which wins (on a Xeon with AMX torch's bf16 kernel often
+does, and the order flips with the number of keys: docs/perf.md), so the first run of each
+shape and bucket (the next power of two, :data:`MIN_BUCKET_KEYS` to :data:`MAX_BUCKET_KEYS`)
+times both on random data, a few interleaved calls each, and later runs take the faster.
+Runs over several key segments are measured apart, both arms doing what
+``segment_attention`` does. Both paths compute the same attention to fp32 rounding.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -35,9 +18,7 @@ from typing import Literal, Protocol
 
 import torch
 
-SWITCH = "LEYLINE_ATTENTION_RUNS"
 RunMode = Literal["auto", "kernel", "torch"]
-MODES: tuple[RunMode, ...] = ("auto", "kernel", "torch")
 MIN_BUCKET_KEYS = 512
 """The smallest key-count bucket (``attention_kernel.RUN_MIN_KEYS``: shorter runs stay on
 torch's kernel)."""
@@ -73,22 +54,13 @@ class RunsKernel(Protocol):
     ) -> torch.Tensor: ...
 
 
-def mode_from_env() -> RunMode:
-    """The override in :data:`SWITCH`; raises ``ValueError`` naming a bad value."""
-    value = os.environ.get(SWITCH, "auto").strip().lower() or "auto"
-    for mode in MODES:
-        if value == mode:
-            return mode
-    raise ValueError(f"{SWITCH} must be one of {', '.join(MODES)}, not {value!r}")
-
-
 class RunChooser:
     """Per shape, whether the kernel's runs beat torch's flash kernel (module docstring)."""
 
-    def __init__(self, kernel: RunsKernel, mode: RunMode | None = None) -> None:
+    def __init__(self, kernel: RunsKernel, mode: RunMode = "auto") -> None:
         self.kernel = kernel
-        self.mode: RunMode = mode_from_env() if mode is None else mode
-        """``auto`` measures; ``kernel`` and ``torch`` decide without measuring."""
+        self.mode: RunMode = mode
+        """``auto`` measures; ``kernel`` and ``torch`` decide without measuring (benchmarks)."""
         self.measured: dict[ShapeKey, tuple[float, float]] = {}
         """Per shape: the kernel's and torch's median seconds."""
 
