@@ -21,7 +21,7 @@ def test_synthetic_trajectories_are_seeded_and_realistic() -> None:
     first, again = synthetic_trajectories(3, seed=5), synthetic_trajectories(3, seed=5)
     assert first == again and first != synthetic_trajectories(3, seed=6)
     for t in first:
-        assert len(t.calls) == 10 and t.calls[1].name == "eval"
+        assert len(t.calls) == 10 and t.calls[1].tool == "eval"
         assert "test session starts" in t.calls[1].output and "FAILED" in t.calls[1].output
         sizes = [len(c.output) for c in t.calls]
         assert max(sizes) > 1000 and min(sizes) < max(sizes) / 2  # varied, some long
@@ -30,9 +30,9 @@ def test_synthetic_trajectories_are_seeded_and_realistic() -> None:
 def test_turn_messages_are_a_tool_call_and_its_output() -> None:
     t = synthetic_trajectories(1, seed=0)[0]
     call, output = t.turn(3)
-    assert call["tool_calls"][0]["function"]["name"] == t.calls[2].name
+    assert call["tool_calls"][0]["function"]["name"] == t.calls[2].tool
     assert output == {"role": "tool", "tool_call_id": "call_3", "content": t.calls[2].output}
-    assert {s["function"]["name"] for s in t.tool_specs()} == {c.name for c in t.calls}
+    assert {s["function"]["name"] for s in t.tool_specs()} == {c.tool for c in t.calls}
 
 
 def test_bundled_debug_gym_recordings_load_and_round_trip(tmp_path: Path) -> None:
@@ -51,7 +51,7 @@ def test_bundled_debug_gym_recordings_load_and_round_trip(tmp_path: Path) -> Non
     episode = {"episode": {"task": "purr"}, "steps": steps}
     (folder / "purr-run0.json").write_text(json.dumps(episode))
     [loaded] = from_debug_gym_run(tmp_path)
-    assert [c.name for c in loaded.calls] == ["eval", "view"] and "purr" in loaded.task
+    assert [c.tool for c in loaded.calls] == ["eval", "view"] and "purr" in loaded.task
     pool = load([str(tmp_path), "synthetic", "demo"], synthetic_count=2, seed=0)
     assert [t.source for t in pool] == ["debug-gym", "synthetic", "demo", "synthetic"]
 

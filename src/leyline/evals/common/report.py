@@ -38,6 +38,18 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def json_fields(obj: Any, *names: str, **extra: Any) -> dict[str, Any]:
+    """``obj``'s attributes ``names`` as a JSON object, in that order, then ``extra``: tuples
+    become lists, and values with a ``to_json`` (alone or in a tuple) their JSON."""
+    return {name: _plain(getattr(obj, name)) for name in names} | extra
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    return value.to_json() if hasattr(value, "to_json") else value
+
+
 def environment() -> dict[str, Any]:
     """What a reader needs to compare two reports: interpreter, platform, package versions."""
     versions: dict[str, str] = {}

@@ -1,27 +1,18 @@
 """One decision item through every arm, timed, on the reference engine.
 
-Arms (all read the next-token logits after the same question tokens):
+Every arm reads the next-token logits after the same question tokens:
 
-* ``full``: the reference. The prefix is prefilled, then skill + question on top of its KV:
-  the same computation as a prefill of the whole context from scratch (attention is causal,
-  and the engine prefills in chunks anyway), timed from the cached prefix.
-* ``compose_k{K}``: ``SessionCache.compose(skill, len(prefix), seam_tokens=K)`` on the
-  prefilled prefix, then the question prefilled fresh (the server's path: compose, then
-  the next request's tokens; the skill's last token is run again in context first, the
-  engine's last-token rule).
-* ``compose_k{K}_dev{P}``: the same compose with selective recompute, ``recompute_ratio =
-  P / 100`` (the server's ``{"mode": "deviation"}``: the block's copied tokens whose KV
-  deviates most in context at an early layer are recomputed through every layer).
-* ``compose_k{K}_ask{P}``: question-aware recompute, the server's ``{"mode":
-  "attention"}``: the same number of block tokens recomputed, chosen by the attention the
-  question (the tokens after the block in the request) gives them.
-* ``anchored_k{K}``: the same compose (no recompute) of the skill compiled after an anchor
-  (``anchor``: by default the chat template's header), whose KV is dropped: the block no
-  longer starts a sequence of its own.
-* ``anchored_k{K}_ask{P}``: question-aware recompute on the anchored skill.
-* ``norot_k{K}``: the control, the same compose with the skill's keys left at the positions
-  they were computed at (see :func:`unrotated`).
-* ``no_skill``: prefix + question, the skill left out: how much the answer needs the skill.
+* ``full``: the prefix prefilled, then skill + question on its KV (the reference);
+* ``compose_k{K}``: ``SessionCache.compose(skill, len(prefix), seam_tokens=K)``, then the
+  question prefilled fresh (the server's path);
+* ``compose_k{K}_dev{P}`` / ``compose_k{K}_ask{P}``: the same with selective recompute of
+  ``P``% of the block, chosen by KV deviation or by the question's attention (the server's
+  ``deviation`` and ``attention`` modes);
+* ``anchored_k{K}`` (``_ask{P}``): the skill compiled after an anchor whose KV is dropped;
+* ``norot_k{K}``: the control, keys left where they were computed (:func:`unrotated`);
+* ``no_skill``: the skill left out.
+
+See docs/reports/eval-compose.md.
 """
 
 from __future__ import annotations

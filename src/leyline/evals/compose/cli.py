@@ -5,8 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 
+from ..common.cli import (
+    add_run_options,
+    comma_list,
+    from_args,
+    int_list,
+    print_summary,
+    torch_threads,
+)
 from .texts import KINDS, Kind
 
 HELP = (
@@ -46,34 +53,22 @@ DEFAULT = Sizes(KINDS, (512, 1024, 2048), (0, 1, 4, 16, 64), 4)
 DEFAULT_RATIOS = (0.15,)
 # --full: up to 8k tokens (capped at the model's context less the prefix and question).
 FULL_LENGTHS = (512, 1024, 2048, 4096, 8192)
-# --fast: the CI mode, well under a minute on two shared cores.
+# --fast: the CI mode.
 FAST = Sizes(("policy", "tools"), (256,), (0, 4, 16), 2)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
-    return values
+_ints = int_list()
+_fractions = comma_list(
+    float,
+    lambda v: 0.0 < v <= 1.0,
+    unparsable="expected comma-separated fractions, got {text!r}",
+    invalid="ratios are fractions in (0, 1] or 'none'; got {text!r}",
+    dedupe=True,
+)
 
 
 def _ratios(text: str) -> tuple[float, ...]:
-    if text.strip().lower() == "none":
-        return ()
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated fractions, got {text!r}"
-        ) from None
-    if not values or not all(0.0 < v <= 1.0 for v in values):
-        raise argparse.ArgumentTypeError(f"ratios are fractions in (0, 1] or 'none'; got {text!r}")
-    return tuple(dict.fromkeys(values))
+    return () if text.strip().lower() == "none" else _fractions(text)
 
 
 def _kinds(text: str) -> tuple[Kind, ...]:
@@ -142,28 +137,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="grow each context's conversation before the skill to at least this many tokens, "
         "so the skill is composed that deep (default 0: 3-5 exchanges, ~170-310 tokens)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="skill and context seed (default 0)")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads (default 1: on a shared machine 2 threads ran 10x slower)",
-    )
-    parser.add_argument("--out", type=Path, help="results folder")
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument(
-        "--full",
-        action="store_true",
-        help=f"lengths {','.join(map(str, FULL_LENGTHS))} (8192 capped at the model's context); "
+    add_run_options(
+        parser,
+        seed="skill and context seed (default 0)",
+        threads=True,
+        fast=f"CI mode: kinds {','.join(FAST.kinds)}, {FAST.lengths[0]} tokens, "
+        f"K {','.join(map(str, FAST.seams))}, {FAST.items} items (overrides those options)",
+        full=f"lengths {','.join(map(str, FULL_LENGTHS))} (8192 capped at the model's context); "
         "long: tens of minutes on a CPU",
     )
-    size.add_argument(
-        "--fast",
-        action="store_true",
-        help=f"CI mode: kinds {','.join(FAST.kinds)}, {FAST.lengths[0]} tokens, "
-        f"K {','.join(map(str, FAST.seams))}, {FAST.items} items (overrides those options)",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -189,36 +171,22 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    import torch
-
     from .run import ComposeOptions, run_compose_eval
 
-    options = ComposeOptions(
-        model=args.model,
+    options = from_args(
+        ComposeOptions,
+        args,
         kinds=sizes.kinds,
         lengths=tuple(dict.fromkeys(sizes.lengths)),
         seams=tuple(sorted(set(sizes.seams))),
-        control_seam=args.control_seam,
         items=sizes.items,
-        seed=args.seed,
-        out=args.out,
-        fast=args.fast,
         progress=not args.no_progress,
-        recompute_seam=args.recompute_seam,
         ratios=args.recompute_ratios,
-        ask_ratios=args.ask_ratios,
-        anchor=args.anchor,
-        prefix_tokens=args.prefix_tokens,
     )
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, args.threads))
     try:
-        folder = run_compose_eval(options)
+        with torch_threads(args.threads):
+            folder = run_compose_eval(options)
     except ValueError as exc:  # options the model's context cannot take
         print(f"leyline eval compose: {exc}", file=sys.stderr)
         return 2
-    finally:
-        torch.set_num_threads(threads)  # the caller's setting (tests run this in-process)
-    print((folder / "report.md").read_text().split("## ", 2)[1].strip())
-    print(f"\nreport: {folder}/report.md")
-    return 0
+    return print_summary(folder)

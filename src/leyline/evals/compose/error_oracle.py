@@ -30,11 +30,11 @@ from leyline.engine.engine import Engine
 from leyline.engine.kv.kv_blocks import KVCache
 from leyline.engine.session import SessionCache
 from leyline.evals.common import progress
+from leyline.evals.common.engine import rotating_engine
 
 from .cases import fit_case
 from .cli import _ints, _kinds
 from .measures import compare
-from .run import _engine
 from .texts import Kind
 
 COMPOSED = "composed"
@@ -110,8 +110,8 @@ def run(
     layer_ranges: Sequence[tuple[int, int]], ratios: Sequence[float], model: str = "smollm2",
 ) -> list[tuple[str, int, int, dict[str, float]]]:  # fmt: skip
     """(kind, skill tokens, item index, KL per variant) for every item."""
-    engine = _engine(model)
-    rows = []
+    engine = rotating_engine(model, "skills")
+    rows: list[tuple[str, int, int, dict[str, float]]] = []
     work = [(kind, length) for kind in kinds for length in lengths]
     for kind, length in progress(work, desc="skills", total=len(work)):
         case, cases = fit_case(

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from leyline.evals.common.plots import save_figure
+
 from .arms import compose_arm, plain_compose_seam
 from .summary import TARGET_KL, TARGET_SEAM
 
@@ -34,9 +36,7 @@ def plot_ttft(summary: dict[str, Any], path: Path) -> None:
     ax.set_title("Time to the first next-token logits after the question")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_kl_by_seam(summary: dict[str, Any], path: Path) -> None:
@@ -73,9 +73,7 @@ def plot_kl_by_seam(summary: dict[str, Any], path: Path) -> None:
         )
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _past_plain(arms: Any) -> list[tuple[str, int, str]]:

@@ -12,8 +12,8 @@ import torch
 
 from leyline.engine.edits.skills import Skill, compile_skill
 from leyline.engine.engine import Engine
-from leyline.engine.models import load_model
 from leyline.evals.common import Report, progress, results_dir
+from leyline.evals.common.engine import rotating_engine, run_footer
 
 from .anchor import NONE, TEMPLATE, anchor_text
 from .arms import (
@@ -76,17 +76,6 @@ class ComposeOptions:
             control_arm(self.control_seam),
             NO_SKILL,
         ]
-
-
-def _engine(model: str) -> Engine:
-    engine = Engine(load_model(model))
-    if engine.layout is None or engine.rope is None:
-        raise RuntimeError(
-            f"{engine.loaded.label}: keys cannot be rotated ({engine.splice_refusal})"
-        )
-    if engine.tokenizer is None:
-        raise RuntimeError(f"{engine.loaded.label} has no tokenizer; the skills are text")
-    return engine
 
 
 def skill_budget(max_session_tokens: int | None, options: ComposeOptions) -> int:
@@ -167,7 +156,7 @@ def _record(result: ItemResult, engine: Engine) -> dict[str, Any]:
 @torch.inference_mode()
 def run_compose_eval(options: ComposeOptions) -> Path:
     t0 = time.perf_counter()
-    engine = _engine(options.model)
+    engine = rotating_engine(options.model, "skills")
     skill_budget(engine.limits.max_session_tokens, options)  # refuse before writing anything
     folder = results_dir("compose", options.out)
     engine.forward((), engine.encode("Warm up the allocator and the kernels."))
@@ -221,10 +210,7 @@ def run_compose_eval(options: ComposeOptions) -> Path:
         "anchor_tokens": len(anchor_ids),
         "items_per_kind_and_length": options.items,
         "prefix_tokens": options.prefix_tokens,
-        "seed": options.seed,
-        "fast": options.fast,
-        "torch_threads": torch.get_num_threads(),
-        "seconds": round(time.perf_counter() - t0, 1),
+        **run_footer(options.seed, options.fast, t0),
     }
     report = Report("compose", "Compose: precomputed skills vs a full prefill", config, folder)
     report.data = {"summary": summary, "records": [_record(r, engine) for r in results]}

@@ -21,13 +21,13 @@ from leyline.engine.edits.skills import Skill, compile_skill
 from leyline.engine.engine import Engine
 from leyline.engine.session import SessionCache
 from leyline.evals.common import progress
+from leyline.evals.common.engine import rotating_engine
 
 from .anchor import anchor_text
 from .arms import deviation_mode, timed_compose
 from .cases import fit_case
 from .cli import _ints, _kinds
 from .measures import compare
-from .run import _engine
 from .texts import Kind
 
 
@@ -55,10 +55,10 @@ def sweep(
     seed: int, seam: int = 16, ratio: float = 0.15, model: str = "smollm2",
 ) -> list[tuple[str, int, bool, int, dict[int, float]]]:  # fmt: skip
     """(kind, length, anchored, item index, KL per layer) for every item."""
-    engine = _engine(model)
+    engine = rotating_engine(model, "skills")
     anchor = tuple(engine.encode(anchor_text("template", engine.tokenizer)))
     work = [(k, n, a) for k in kinds for n in lengths for a in (False, True)]
-    rows = []
+    rows: list[tuple[str, int, bool, int, dict[int, float]]] = []
     for kind, length, anchored in progress(work, desc="skills", total=len(work)):
         case, cases = fit_case(
             kind, length, engine.encode, seed, items,

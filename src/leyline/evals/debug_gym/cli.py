@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..common.cli import from_args
 from .config import (
     ARM_NAMES,
     DEFAULT_MAX_STEPS,
@@ -112,24 +113,15 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     tasks = TASK_NAMES if args.tasks == "all" else tuple(_split(args.tasks))
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out = args.out or Path("results/debug_gym") / (stamp + ("-scripted" if args.scripted else ""))
-    return RunConfig(
-        base_url=args.base_url,
-        model=args.model,
-        api_key=args.api_key,
+    return from_args(
+        RunConfig,
+        args,
         tasks=tasks,
-        runs=args.runs,
         arms=make_arms(_split(args.arms), args.policy),
-        max_steps=args.max_steps,
         tools=tuple(_split(args.tools)),
         out=out,
         data_dir=args.data,
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
         context_limit_k=args.context_limit,
-        run_timeout=args.run_timeout,
-        max_retries=args.max_retries,
-        jobs=args.jobs,
-        scripted=args.scripted,
         progress=not args.no_progress,
     )
 

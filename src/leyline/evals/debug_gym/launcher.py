@@ -32,7 +32,7 @@ for the scripted self-check. Every other option goes to the harness unchanged.
 """
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]  # src/leyline/evals/debug_gym/launcher.py
 DEFAULT_PYTHON = REPO / ".venv-debuggym" / "bin" / "python"
 
 FAST = ["--scripted", "--tasks", "purr,shopping_cart", "--runs", "1"]

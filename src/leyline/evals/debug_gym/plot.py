@@ -6,6 +6,8 @@ import importlib.util
 import logging
 from pathlib import Path
 
+from leyline.evals.common.plots import save_figure
+
 from .summary import Summary
 
 
@@ -44,9 +46,7 @@ def write_plot(path: Path, summary: Summary, title: str) -> Path | None:
     right.set_title("per task")
     right.legend()
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from types import TracebackType
 from typing import Any, Self
 
 from .records import EpisodeResult
@@ -39,11 +38,6 @@ class Progress:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.close()

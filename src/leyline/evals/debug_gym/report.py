@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from leyline.evals.common.report import json_fields
+
 from .config import NETWORK_TASKS
 from .plot import write_plot
 from .records import EpisodeResult
@@ -40,22 +42,10 @@ class RunMeta:
     versions: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "model": self.model,
-            "base_url": self.base_url,
-            "server": self.server,
-            "scripted": self.scripted,
-            "arms": [a.to_json() for a in self.arms],
-            "tasks": list(self.tasks),
-            "runs": self.runs,
-            "max_steps": self.max_steps,
-            "tools": list(self.tools),
-            "started": self.started,
-            "finished": self.finished,
-            "usage_source": self.usage_source,
-            "generation": self.generation,
-            "versions": self.versions,
-        }
+        return json_fields(
+            self, "model", "base_url", "server", "scripted", "arms", "tasks", "runs", "max_steps",
+            "tools", "started", "finished", "usage_source", "generation", "versions",
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..common.cli import from_args
 from .agent import HarnessAgent, agent_args
 from .config import RunConfig
 from .gym_logger import quiet_logger
@@ -84,18 +85,15 @@ def run_benchmark(config: RunConfig, llm_factory: LLMFactory | None = None) -> B
                 f.write(json.dumps(result.to_json()) + "\n")
             progress.advance(result)
     results = [done[i] for i in sorted(done)]
-    meta = RunMeta(
+    meta = from_args(  # tasks, runs, max_steps, tools and scripted as configured
+        RunMeta,
+        config,
         model=model,
         base_url="none (scripted)" if config.scripted else config.base_url,
         server=server.note,
         arms=plans,
-        tasks=config.tasks,
-        runs=config.runs,
-        max_steps=config.max_steps,
-        tools=config.tools,
         started=started,
         finished=_now(),
-        scripted=config.scripted,
         usage_source=USAGE_SOURCE if config.scripted else "server usage (prompt/completion)",
         generation={"temperature": config.temperature, "max_tokens": config.max_tokens},
         versions=_versions(),

@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from leyline.evals.common.report import json_fields
 from leyline.evals.common.stats import wilson
 
 
@@ -29,12 +30,7 @@ class Rate:
         return self.successes / self.trials if self.trials else None
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "successes": self.successes,
-            "trials": self.trials,
-            "rate": self.value,
-            "ci95": [self.low, self.high],
-        }
+        return json_fields(self, "successes", "trials", rate=self.value, ci95=[self.low, self.high])
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +82,4 @@ class Spread:
         )
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "n": self.n,
-            "mean": self.mean,
-            "median": self.median,
-            "min": self.low,
-            "max": self.high,
-        }
+        return json_fields(self, "n", "mean", "median", min=self.low, max=self.high)

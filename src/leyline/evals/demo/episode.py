@@ -16,6 +16,7 @@ from typing import Any
 
 import openai
 
+from leyline.evals.common.report import json_fields
 from leyline.policies import (
     CallRecord,
     LeylineOpenAI,
@@ -71,15 +72,9 @@ class TurnResult:
         return self.arms["splice"].text == self.arms["reprefill"].text
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "turn": self.turn,
-            "call": self.call,
-            "output_chars": self.output_chars,
-            "edits": list(self.edits),
-            "top1_agree": self.top1_agree,
-            "kl": self.kl,
-            "text_agree": self.text_agree,
-            "arms": {
+        return json_fields(
+            self, "turn", "call", "output_chars", "edits", "top1_agree", "kl", "text_agree",
+            arms={
                 name: {
                     "record": arm.record.to_json(),
                     "text": arm.text,
@@ -87,7 +82,7 @@ class TurnResult:
                 }
                 for name, arm in self.arms.items()
             },
-        }
+        )  # fmt: skip
 
 
 class TwoArmEpisode:

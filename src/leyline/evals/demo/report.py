@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from leyline.evals.common.plots import save_figure
+
 from .agreement import mean
 from .episode import ARMS, TurnResult
 
@@ -156,9 +158,7 @@ def plot(path: Path, turns: Sequence[TurnResult], title: str) -> None:
     drift.set_xlabel("turn (green: same top-1 token in both arms, red: different)")
     drift.set_xticks(x)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _n(value: int | None) -> str:

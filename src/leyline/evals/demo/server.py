@@ -9,7 +9,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from types import TracebackType
 from typing import Any
 
 import uvicorn
@@ -33,12 +32,9 @@ class EmbeddedServer:
         prefix_cache_bytes: the shared prefix cache; 0 (default here) turns it off, so each
             session reuses only its own cache (the demo's arms then cannot help each other).
         max_new_tokens: completion length when a request names none.
-        max_running_jobs, max_decode_batch, decode_share, schedule, inline_decode: the model
-            scheduler's (``leyline serve``'s ``--max-running-jobs``, ``--max-decode-batch``,
-            ``--decode-share``, ``--schedule``, ``--inline-decode``; None: the server's
-            defaults). One job
-            and inline decode is the server before its scheduler: one request's model work
-            after another.
+        max_running_jobs, max_decode_batch, decode_share, schedule: the model scheduler's
+            (``leyline serve``'s ``--max-running-jobs``, ``--max-decode-batch``,
+            ``--decode-share``, ``--schedule``; None: the server's defaults).
     """
 
     def __init__(
@@ -52,7 +48,6 @@ class EmbeddedServer:
         max_decode_batch: int | None = None,
         decode_share: float | None = None,
         schedule: SchedulePolicy | None = None,
-        inline_decode: bool = False,
     ) -> None:
         self.port = free_port()
         scheduling: dict[str, Any] = {}
@@ -69,7 +64,6 @@ class EmbeddedServer:
             port=self.port,
             log_level="warning",
             max_new_tokens=max_new_tokens,
-            inline_decode=inline_decode,
             **scheduling,
         )
         t0 = time.perf_counter()
@@ -102,10 +96,5 @@ class EmbeddedServer:
     def __enter__(self) -> EmbeddedServer:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -9,8 +9,9 @@ import argparse
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
+
+from ..common.cli import add_run_options
 
 HELP = "erratum vs field-only KV refresh vs recompute: decision recovery, prefix-cache hits"
 DESCRIPTION = """\
@@ -28,7 +29,7 @@ Writes report.json, report.md and erratum.png; see docs/evals-erratum.md.
 
 DEFAULT_CASES = 12
 FAST_CASES = 2
-# Field-early cases per template: two ~1,000-token prefills each (~3 s apiece on this CPU);
+# Field-early cases per template: two ~1,000-token prefills each, the slow part;
 # the hit rate is set by the layout's geometry, so a few cases show it.
 EARLY_CASES = 3
 FAST_EARLY_CASES = 1
@@ -50,16 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"field-early cases per template (default {EARLY_CASES}; {FAST_EARLY_CASES} "
         "with --fast; 0 skips the layout)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the case draw")
     parser.add_argument("--templates", default=None, help="comma list (default: all four)")
-    parser.add_argument("--out", type=Path, default=None, help="results folder")
-    parser.add_argument("--fast", action="store_true", help="short mode (CI)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--device", default="cpu", help="torch device (e.g. cuda)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    # One thread by default: on a shared 2-core machine two OpenMP threads contend with
-    # other jobs and a 300-token prefill took 2-8 s instead of 0.65 s (measured here).
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    add_run_options(parser, seed="seed of the case draw", threads=True, fast="short mode (CI)")
 
 
 def run(args: argparse.Namespace) -> int:

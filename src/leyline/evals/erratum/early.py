@@ -62,7 +62,9 @@ def run_early(runner: Runner, case: Case, body: str) -> EarlyResult:
     before, after = (eng.encode(text) for text in parts(case, body))
     old, new = eng.encode(" " + case.old), eng.encode(" " + case.new)
     # The session tokenizes the directive's text on its own, as encode() does here.
-    note = eng.encode(ErratumDirective.for_field(case.template.field, case.new).text)
+    text = ErratumDirective.for_field(case.template.field, case.new).text
+    assert isinstance(text, str)  # a field's note is text, never token ids
+    note = eng.encode(text)
     question = eng.encode(case.question)
     with torch.inference_mode():
         first, erratum, edit = (

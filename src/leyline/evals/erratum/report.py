@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from leyline.evals.common import Report, markdown_table
+from leyline.evals.common.plots import save_figure
 
 from .arms import CaseResult
 from .stats import decisions, qualifies, rate_text
@@ -242,9 +243,7 @@ def plot(summary: dict[str, Any]) -> Any:
         right.set_title("Prefix-cache hit rate of the updated prompt (field late)")
         right.legend(fontsize=8, loc="upper center", ncol=2)
         _layout_panel(layouts, summary)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        save_figure(fig, path)
 
     return draw
 

@@ -127,7 +127,7 @@ def _unrotated_splice_logits(
     zero = RopeSpec(engine.rope.rope_type, torch.zeros_like(engine.rope.inv_freq), 1.0)
     result = apply_edits(tp.tokens, [edit])
     out = execute_edit(
-        engine.forward_into,
+        engine.forwards,
         engine.layout,
         zero,
         kv,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+
+from ..common.cli import add_run_options, print_summary, torch_threads
 
 HELP = "splice vs full context vs re-prefill: key error, bf16 drift, next-token KL and argmax"
 
@@ -23,7 +24,7 @@ kl_hist.png to --out (default results/fidelity-<UTC time>).
 
 MODELS = ("smollm2", "tiny-mla-v2", "tiny-mla-v3")
 DEFAULT_MODELS = ("smollm2", "tiny-mla-v2")
-# --fast: the CI mode, well under a minute on two shared cores.
+# --fast: the CI mode.
 FAST = {"prompts": 4, "max_splices": 12, "key_prompts": 1, "drift_tokens": 16}
 
 
@@ -46,27 +47,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--drift-tokens", type=int, default=32, help="tokens whose keys drift (default 32)"
     )
     parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads (default 1: on a shared machine 2 threads ran 10x slower)",
-    )
-    parser.add_argument(
         "--dtype",
         action="append",
         choices=["float32", "bfloat16"],
         help="weights and cache dtype (repeat for both; default float32); the rotation is "
         "computed in fp32 either way",
     )
-    parser.add_argument("--seed", type=int, default=0, help="prompt and delta seed (default 0)")
-    parser.add_argument("--out", type=Path, help="results folder")
-    parser.add_argument(
-        "--fast",
-        action="store_true",
-        help=f"CI mode: {FAST['prompts']} prompts, {FAST['max_splices']} splices, "
+    add_run_options(
+        parser,
+        seed="prompt and delta seed (default 0)",
+        threads=True,
+        fast=f"CI mode: {FAST['prompts']} prompts, {FAST['max_splices']} splices, "
         f"{FAST['key_prompts']} key prompt (overrides those options)",
+        progress="no progress bars",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,8 +75,6 @@ def run(args: argparse.Namespace) -> int:
     if sizes["prompts"] < 1 or sizes["max_splices"] < 2 or sizes["drift_tokens"] < 1:
         print("need --prompts >= 1, --max-splices >= 2, --drift-tokens >= 1", file=sys.stderr)
         return 2
-    import torch
-
     from .run import FidelityOptions, run_fidelity
 
     options = FidelityOptions(
@@ -93,12 +85,6 @@ def run(args: argparse.Namespace) -> int:
         dtypes=tuple(dict.fromkeys(args.dtype or ["float32"])),
         **sizes,
     )
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, args.threads))
-    try:
+    with torch_threads(args.threads):
         folder = run_fidelity(options)
-    finally:
-        torch.set_num_threads(threads)  # the caller's setting (tests run this in-process)
-    print((folder / "report.md").read_text().split("## ", 2)[1].strip())
-    print(f"\nreport: {folder}/report.md")
-    return 0
+    return print_summary(folder)

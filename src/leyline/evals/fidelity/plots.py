@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from leyline.evals.common.plots import save_figure
+
 ModelData = dict[str, Any]
 """One model's entry of ``report.json["models"]``."""
 
@@ -43,9 +45,7 @@ def plot_key_error(models: dict[str, ModelData], path: Path) -> None:
     ax.set_title("Spliced downstream keys vs keys recomputed at the new positions (worst prompt)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_drift(models: dict[str, ModelData], path: Path) -> None:
@@ -66,9 +66,7 @@ def plot_drift(models: dict[str, ModelData], path: Path) -> None:
             ax.set_title(f"{_title(data)}: {pattern} deltas", fontsize=9)
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_kl_hist(models: dict[str, ModelData], path: Path) -> None:
@@ -88,6 +86,4 @@ def plot_kl_hist(models: dict[str, ModelData], path: Path) -> None:
         ax.set_ylabel("prompts")
         ax.set_title(f"{_title(data)}: {len(records)} prompts", fontsize=9)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

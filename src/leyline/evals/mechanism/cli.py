@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+
+from ..common.cli import add_endpoint, add_run_options, from_args, int_list
 
 HELP = "replayed agent trajectories: splice vs prefix-cache re-prefill at concurrency 1-16"
 
@@ -25,14 +26,9 @@ at chunks (--serial: one request's model work after another, the baseline).
 """
 
 
-def _levels(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not comma-separated integers: {text!r}") from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError("concurrency levels must be >= 1")
-    return levels
+_levels = int_list(
+    1, "not comma-separated integers: {text!r}", "concurrency levels must be >= 1", skip_blank=False
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,14 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-tokens", type=int, default=4, help="tokens generated per request (default 4)"
     )
     parser.add_argument("--overhead-reps", type=int, help="reps per overhead pair (default 15)")
-    parser.add_argument("--base-url", help="an OpenAI-compatible server to use instead")
-    parser.add_argument("--api-key", help="API key for --base-url")
-    parser.add_argument(
-        "--model", default="smollm2", help="embedded: model to load; else: model to request"
-    )
-    parser.add_argument("--out", type=Path, help="results folder (default results/mechanism-TIME)")
-    parser.add_argument(
-        "--fast", action="store_true", help="CI mode: levels 1,2, 3 turns, 3 overhead reps"
+    add_endpoint(
+        parser,
+        base_url="an OpenAI-compatible server to use instead",
+        model="smollm2",
+        model_help="embedded: model to load; else: model to request",
     )
     parser.add_argument(
         "--serial",
@@ -91,7 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "instead of both arms turn by turn: each arm's latency then carries only the "
         "queueing its own work causes",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_options(
+        parser,
+        out="results folder (default results/mechanism-TIME)",
+        fast="CI mode: levels 1,2, 3 turns, 3 overhead reps",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,17 +114,13 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(
         levels, turns, args.keep_last, args.max_tokens, args.model, arms_apart=args.arms_apart
     )
-    options = Options(
-        settings,
-        tuple(pool),
-        base_url=args.base_url,
-        api_key=args.api_key,
+    options = from_args(
+        Options,
+        args,
+        settings=settings,
+        pool=tuple(pool),
         overhead_reps=reps,
-        out=args.out,
         progress=not args.no_progress,
-        serial=args.serial,
-        decode_share=args.decode_share,
-        schedule=args.schedule,
     )
     for flag, value in (("--decode-share", args.decode_share), ("--schedule", args.schedule)):
         if value is not None and args.base_url:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from leyline.evals.common import markdown_table
+from leyline.evals.common.plots import save_figure
 
 from .replay import ARMS
 
@@ -111,6 +112,4 @@ def plot_latency(table: dict[str, Any], path: Path) -> None:
         ax.set_xticks(levels)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)

@@ -59,9 +59,7 @@ def _server(options: Options) -> Iterator[tuple[str, Any]]:
 
     # Sessions only, no shared prefix cache: each arm reuses what its own session holds.
     model = options.settings.model
-    scheduling: dict[str, Any] = (
-        {"max_running_jobs": 1, "inline_decode": True} if options.serial else {}
-    )
+    scheduling: dict[str, Any] = {"max_running_jobs": 1} if options.serial else {}
     if options.decode_share is not None:
         scheduling["decode_share"] = options.decode_share
     if options.schedule is not None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .trajectories import DEBUG_GYM_SYSTEM, ToolCall, Trajectory
+from leyline.evals.common.messages import ToolTurn
+
+from .trajectories import DEBUG_GYM_SYSTEM, Trajectory
 
 NOUNS = (
     "cart",
@@ -174,23 +176,23 @@ def _diff(rng: random.Random, module: str) -> str:
 def synthetic_trajectory(index: int, *, seed: int, turns: int = 10) -> Trajectory:
     rng = random.Random(seed * 7919 + index)
     project = _project(rng)
-    calls: list[ToolCall] = [ToolCall("bash", {"command": "ls -la"}, _listing(rng, project))]
-    calls.append(ToolCall("eval", {}, _pytest(rng, project, failing=rng.randint(1, 3))))
+    calls: list[ToolTurn] = [ToolTurn("bash", {"command": "ls -la"}, _listing(rng, project))]
+    calls.append(ToolTurn("eval", {}, _pytest(rng, project, failing=rng.randint(1, 3))))
     while len(calls) < turns:
         module = rng.choice(project.modules)
         kind = rng.random()
         if kind < 0.45:
-            calls.append(ToolCall("view", {"path": module}, _file_view(rng, project, module)))
+            calls.append(ToolTurn("view", {"path": module}, _file_view(rng, project, module)))
         elif kind < 0.65:
             fn = rng.choice(project.functions[module])
             calls.append(
-                ToolCall("bash", {"command": f"grep -n {fn} *.py"}, _grep(rng, project, fn))
+                ToolTurn("bash", {"command": f"grep -n {fn} *.py"}, _grep(rng, project, fn))
             )
         elif kind < 0.8:
-            calls.append(ToolCall("edit", {"path": module}, _diff(rng, module)))
+            calls.append(ToolTurn("edit", {"path": module}, _diff(rng, module)))
         else:
             output = _pytest(rng, project, failing=rng.randint(0, 2))
-            calls.append(ToolCall("eval", {}, output))
+            calls.append(ToolTurn("eval", {}, output))
     task = (
         f"The test suite of `{project.name}` fails. Find the bug, fix it, and make every test pass."
     )

@@ -19,7 +19,8 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from leyline.evals.common.messages import tool_exchange
+from leyline.evals.common.messages import ToolTurn
+from leyline.evals.common.report import json_fields
 
 SOURCES = ("synthetic", "debug-gym", "demo")
 
@@ -34,47 +35,32 @@ DEBUG_GYM_SYSTEM = (
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCall:
-    name: str
-    arguments: dict[str, Any]
-    output: str
-
-
-@dataclass(frozen=True, slots=True)
 class Trajectory:
     name: str
     source: str
     system: str
     task: str
-    calls: tuple[ToolCall, ...]
+    calls: tuple[ToolTurn, ...]
 
     def opening(self) -> list[dict[str, Any]]:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": self.task}]
 
     def turn(self, turn: int) -> list[dict[str, Any]]:
         """Turn ``turn`` (1-based): the assistant's call and the tool's output."""
-        call = self.calls[turn - 1]
-        return tool_exchange(turn, call.name, call.arguments, call.output)
+        return self.calls[turn - 1].messages(turn)
 
     def tool_specs(self) -> list[dict[str, Any]]:
         """An OpenAI tool list naming every tool the trajectory calls (rendered in the prompt)."""
-        names = dict.fromkeys(c.name for c in self.calls)
+        names = dict.fromkeys(c.tool for c in self.calls)
         return [_spec(name, sorted({k for c in self.calls for k in c.arguments})) for name in names]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "source": self.source,
-            "system": self.system,
-            "task": self.task,
-            "calls": [
-                {"name": c.name, "arguments": c.arguments, "output": c.output} for c in self.calls
-            ],
-        }
+        calls = [{"name": c.tool, "arguments": c.arguments, "output": c.output} for c in self.calls]
+        return json_fields(self, "name", "source", "system", "task", calls=calls)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Trajectory:
-        calls = tuple(ToolCall(c["name"], dict(c["arguments"]), c["output"]) for c in data["calls"])
+        calls = tuple(ToolTurn(c["name"], dict(c["arguments"]), c["output"]) for c in data["calls"])
         return cls(data["name"], data["source"], data["system"], data["task"], calls)
 
 
@@ -91,7 +77,7 @@ def demo_trajectory() -> Trajectory:
 
     tools = ProjectTools(sample_project())
     calls = tuple(
-        ToolCall(s.tool, dict(s.arguments), tools.run(s.tool, json.dumps(s.arguments)))
+        ToolTurn(s.tool, dict(s.arguments), tools.run(s.tool, json.dumps(s.arguments)))
         for s in SCRIPT
     )
     return Trajectory("demo", "demo", SYSTEM, TASK, calls)
@@ -111,7 +97,7 @@ def from_debug_gym_run(folder: Path, *, arm: str = "none") -> list[Trajectory]:
 
 def _episode(data: dict[str, Any], name: str) -> Trajectory:
     calls = tuple(
-        ToolCall(s["action"]["name"], dict(s["action"].get("arguments") or {}), s["observation"])
+        ToolTurn(s["action"]["name"], dict(s["action"].get("arguments") or {}), s["observation"])
         for s in data["steps"]
         if s.get("action")
     )

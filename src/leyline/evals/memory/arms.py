@@ -1,28 +1,19 @@
 """One item through every arm, on the reference engine: the profile update timed, then
 every question scored.
 
-The scenario is a session in which the user's profile changes (a new version) while an
-agent trajectory is cached, and the user then asks about the profile. Each arm starts from
-what its placement has cached and brings the context up to date, then answers the first
-question; that is its cost (tokens prefilled, time to the first next-token logits):
+The user's profile changes while an agent trajectory is cached; each arm brings its cache up
+to date and answers the first question, which is its cost (tokens prefilled, time to the
+first next-token logits):
 
-* ``early_full``: the profile sits right after the system prompt. The session held
-  ``system + old profile + trajectory``; the new sequence differs from the profile's
-  version line on, so everything after it is prefilled again (what a prefix cache allows).
-* ``late_full``: the profile sits after the trajectory, just before the question. The
-  session holds ``system + trajectory`` (the old profile and question after it are cut,
-  with nothing downstream to keep); the new profile and the question are prefilled on it.
-  The reference the compose arms are measured against.
-* ``late_compose_k{K}``: the same placement, the profile registered once as a skill
-  (``compile_skill``, its KV computed alone from position 0) and composed at the end of the
-  cached trajectory: keys rotated, its first K tokens recomputed in context, then the
-  question prefilled (the profile's last token is run again first, the engine's rule).
-  Registering the new version is counted apart (once per version, shared by sessions).
-* ``none``: no profile at all, ``system + trajectory + question``: the chance baseline.
+* ``early_full``: profile after the system prompt; everything from its changed line on is
+  prefilled again (what a prefix cache allows);
+* ``late_full``: profile after the trajectory, before the question; new profile and question
+  prefilled on ``system + trajectory`` (the reference);
+* ``late_compose_k{K}``: the same placement, the profile compiled once as a skill and
+  composed (keys rotated, K seam tokens recomputed); compiling is counted apart;
+* ``none``: no profile (the chance baseline).
 
-Only the common prefix of the early session's old and new sequences matters to its cost,
-so that prefix is what the eval prefills beforehand (the rest of the old sequence would
-only be replaced). Even items run ``early_full`` first, odd ones last.
+Even items run ``early_full`` first, odd ones last. See docs/reports/eval-memory.md.
 """
 
 from __future__ import annotations

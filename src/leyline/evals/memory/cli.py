@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
+from ..common.cli import (
+    add_run_options,
+    from_args,
+    int_list,
+    print_summary,
+    torch_threads,
+)
 from .profiles import FIELDS
 
 HELP = (
@@ -42,22 +48,13 @@ class Sizes:
 
 
 DEFAULT = Sizes(20, (1024,), 30, 8, (0, 4, 16))
-# --fast: the CI mode, well under a minute on two shared cores after loading. K = 512 is
-# past the profile's length: that arm recomputes the whole profile (= late_full).
+# --fast: the CI mode. K = 512 is past the profile's length: that arm recomputes the whole
+# profile (= late_full).
 FAST = Sizes(2, (256,), 12, 3, (0, 16, 512))
 MAX_CHOICES = min(len(f.pool) for f in FIELDS)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
-    return tuple(dict.fromkeys(values))
+_ints = int_list(dedupe=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,22 +93,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_ints,
         help=f"compose seam sizes K, comma list (default {','.join(map(str, DEFAULT.seams))})",
     )
-    parser.add_argument("--seed", type=int, default=0, help="profile and trajectory seed")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads (default 1: on a shared machine more threads ran slower)",
-    )
-    parser.add_argument("--out", type=Path, help="results folder")
-    parser.add_argument(
-        "--fast",
-        action="store_true",
-        help=f"CI mode: {FAST.items} items, {FAST.trajectory[0]}-token trajectory, "
+    add_run_options(
+        parser,
+        seed="profile and trajectory seed",
+        threads=True,
+        fast=f"CI mode: {FAST.items} items, {FAST.trajectory[0]}-token trajectory, "
         f"{FAST.facts} facts, {FAST.questions} questions, K {','.join(map(str, FAST.seams))} "
         "(overrides those options)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -140,30 +129,18 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    import torch
-
     from .run import MemoryOptions, run_memory_eval
 
-    options = MemoryOptions(
-        model=args.model,
+    options = from_args(
+        MemoryOptions,
+        args,
         items=sizes.items,
         trajectory=sizes.trajectory,
         facts=sizes.facts,
-        changes=args.changes,
         questions=sizes.questions,
-        choices=args.choices,
         seams=tuple(sorted(set(sizes.seams))),
-        seed=args.seed,
-        out=args.out,
-        fast=args.fast,
         progress=not args.no_progress,
     )
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, args.threads))
-    try:
+    with torch_threads(args.threads):
         folder = run_memory_eval(options)
-    finally:
-        torch.set_num_threads(threads)  # the caller's setting (tests run this in-process)
-    print((folder / "report.md").read_text().split("## ", 2)[1].strip())
-    print(f"\nreport: {folder}/report.md")
-    return 0
+    return print_summary(folder)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from leyline.evals.common.plots import save_figure
+
 from .arms import EARLY, LATE, NONE
 
 _FIXED = {EARLY: ("C3", "s"), LATE: ("C2", "D"), NONE: ("C7", "x")}
@@ -55,6 +57,4 @@ def plot_accuracy_vs_cost(summary: dict[str, Any], path: Path) -> None:
         f"{summary['setup']['items']} items)",
         fontsize=11,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from leyline.engine.engine import Engine
-from leyline.engine.models import load_model
 from leyline.evals.common import Report, progress, results_dir
+from leyline.evals.common.engine import rotating_engine, run_footer
 
 from .arms import ItemResult, arm_names, run_item
 from .cases import Item, make_item
@@ -41,17 +41,6 @@ class MemoryOptions:
     @property
     def arms(self) -> list[str]:
         return arm_names(self.seams)
-
-
-def _engine(model: str) -> Engine:
-    engine = Engine(load_model(model))
-    if engine.layout is None or engine.rope is None:
-        raise RuntimeError(
-            f"{engine.loaded.label}: keys cannot be rotated ({engine.splice_refusal})"
-        )
-    if engine.tokenizer is None:
-        raise RuntimeError(f"{engine.loaded.label} has no tokenizer; the profiles are text")
-    return engine
 
 
 def _items(engine: Engine, options: MemoryOptions) -> Iterator[Item]:
@@ -113,7 +102,7 @@ def _record(result: ItemResult, arms: list[str]) -> dict[str, Any]:
 def run_memory_eval(options: MemoryOptions) -> Path:
     folder = results_dir("memory", options.out)
     t0 = time.perf_counter()
-    engine = _engine(options.model)
+    engine = rotating_engine(options.model, "profiles")
     engine.forward((), engine.encode("Warm up the allocator and the kernels."))
     results = [
         run_item(engine, item, options.seams)
@@ -147,10 +136,7 @@ def run_memory_eval(options: MemoryOptions) -> Path:
         "choices": options.choices,
         "seams": ",".join(map(str, options.seams)),
         "arms": ",".join(arms),
-        "seed": options.seed,
-        "fast": options.fast,
-        "torch_threads": torch.get_num_threads(),
-        "seconds": round(time.perf_counter() - t0, 1),
+        **run_footer(options.seed, options.fast, t0),
     }
     report = Report("memory", "User memory placement: profile early vs late", config, folder)
     report.data = {"summary": summary, "records": [_record(r, arms) for r in results]}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+
+from ..common.cli import add_run_options, from_args
 
 HELP = "agents under a tight cache budget: whole sessions evicted vs DECAY spans dropped"
 
@@ -44,13 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="amortize",
         help="how a decay span is dropped (default %(default)s: downstream KV kept)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="trajectory seed (default 0)")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (default 1: shared machine)"
+    add_run_options(
+        parser,
+        seed="trajectory seed (default 0)",
+        threads=True,
+        fast="the CI mode: 3 agents, 4 turns",
+        progress="no progress bars",
     )
-    parser.add_argument("--out", type=Path, help="results folder")
-    parser.add_argument("--fast", action="store_true", help="the CI mode: 3 agents, 4 turns")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,13 +60,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from .run import Config, run_pressure
 
-    config = Config(
+    config = from_args(
+        Config,
+        args,
         agents=args.agents or (3 if args.fast else 4),
         turns=args.turns or (4 if args.fast else 8),
-        budget=args.budget,
-        mode=args.mode,
-        seed=args.seed,
-        threads=args.threads,
         progress=not args.no_progress,
     )
     if config.agents < 2 or config.turns < 2:

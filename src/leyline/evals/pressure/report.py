@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from leyline.evals.common.plots import save_figure
+
 ROWS = (
     ("prompt tokens", "prompt_tokens", "{:,}"),
     ("prefilled tokens", "prefilled_tokens", "{:,}"),
@@ -65,6 +67,4 @@ def _plot(out: Path, report: dict[str, Any]) -> None:
     ax.set_ylabel("prefilled tokens, cumulative")
     ax.set_title("Prefill work under a tight cache budget")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "prefilled.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "prefilled.png", dpi=120)

@@ -115,7 +115,6 @@ def _arm(
 ) -> tuple[list[Turn], int]:
     """Replay every agent round-robin on a fresh service; (turns, bytes held at the end)."""
     from leyline.engine.backend import EngineBackend
-    from leyline.serve.engine_runner import EngineRunner
     from leyline.serve.service import LeylineService
     from leyline.serve.settings import ServerSettings
 
@@ -125,7 +124,7 @@ def _arm(
         max_cache_bytes=budget if budget is not None else 1 << 40,
     )
     backend = EngineBackend(engine, limits=settings.limits, model_name="smollm2")
-    service = LeylineService(backend, EngineRunner(backend), settings, model_name="smollm2")
+    service = LeylineService(backend, settings, model_name="smollm2")
     agents = [Agent(i, t, t.opening()) for i, t in enumerate(trajectories)]
     turns: list[Turn] = []
     steps = [(turn, agent) for turn in range(1, config.turns + 1) for agent in agents]
@@ -239,7 +238,8 @@ def _tokens_of(service: Any, messages: list[dict[str, Any]]) -> int:
     from leyline.core.openai_types import ChatCompletionRequest
 
     request = ChatCompletionRequest.model_validate({"model": "m", "messages": messages})
-    return len(service.runner.render(request.messages, None).tokens)
+    rendered = service.backend.renderer.render(request.messages, None, add_generation_prompt=True)
+    return len(rendered.tokens)
 
 
 def summarize(turns: list[Turn], reference: list[Turn]) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+
+from ..common.cli import add_endpoint, add_run_options, from_args, int_list
 
 HELP = "policy proxy: stale tool outputs as distractors; accuracy without/with truncation"
 
@@ -49,22 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "last wait and the last poll (default: %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0, help="task seed (default: %(default)s)")
-    parser.add_argument(
-        "--base-url",
-        help="an OpenAI-compatible endpoint (http://host:port/v1) instead of the embedded "
+    add_endpoint(
+        parser,
+        base_url="an OpenAI-compatible endpoint (http://host:port/v1) instead of the embedded "
         "server; without Leyline the splice arm runs as re-prefill and says so",
-    )
-    parser.add_argument("--api-key", help="API key for --base-url")
-    parser.add_argument(
-        "--model", default="", help="model name to send (default: the endpoint's first)"
-    )
-    parser.add_argument(
-        "--out", type=Path, help="results folder (default: results/proxy-<UTC time>)"
-    )
-    parser.add_argument(
-        "--fast",
-        action="store_true",
-        help=f"CI mode: {FAST_TASKS} tasks, stale {','.join(map(str, FAST_STALE))}",
+        model="",
+        model_help="model name to send (default: the endpoint's first)",
     )
     parser.add_argument(
         "--summarize",
@@ -72,7 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run a fourth arm: Summarize (old turns replaced by a summary the same "
         "server writes, sent as a splice) instead of truncation",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_options(
+        parser,
+        out="results folder (default: results/proxy-<UTC time>)",
+        fast=f"CI mode: {FAST_TASKS} tasks, stale {','.join(map(str, FAST_STALE))}",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,28 +78,14 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--tasks must be at least 1")
     if args.keep_last < 1:
         raise SystemExit("--keep-last must be at least 1 (0 would stub the current poll too)")
-    options = ProxyOptions(
-        tasks=tasks,
-        stale=stale,
-        keep_last=args.keep_last,
-        seed=args.seed,
-        base_url=args.base_url,
-        api_key=args.api_key,
-        model=args.model,
-        out=args.out,
-        fast=args.fast,
-        progress=not args.no_progress,
-        summarize=args.summarize,
-    )
+    options = from_args(ProxyOptions, args, tasks=tasks, stale=stale, progress=not args.no_progress)
     run_proxy(options)
     return 0
 
 
-def _levels(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4, got {text!r}") from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError(f"stale levels must be >= 1, got {text!r}")
-    return levels
+_levels = int_list(
+    1,
+    "expected integers like 1,2,4, got {text!r}",
+    "stale levels must be >= 1, got {text!r}",
+    skip_blank=False,
+)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from leyline.evals.common import Report, markdown_table
+from leyline.evals.common.plots import save_figure
 
 ARM_TITLES = {
     "none": "none (full history)",
@@ -146,9 +147,7 @@ def plot(path: Path, summary: dict[str, Any], keep_last: int) -> None:
         f"leyline eval proxy: {summary['tasks']} tasks, "
         f"TruncateOldToolOutputs(keep_last={keep_last})"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _rate(rate: dict[str, Any]) -> str:

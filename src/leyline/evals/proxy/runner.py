@@ -1,26 +1,15 @@
-"""One task in three arms, through ``LeylineOpenAI`` against an OpenAI-compatible server.
+"""One task in every arm, through ``LeylineOpenAI`` against an OpenAI-compatible server.
 
-Every arm replays the same agent episode turn by turn: after each tool output the agent
-asks the model (one token, greedy; the reply is then replaced by the next scripted call,
-as in ``leyline demo``), so the server caches each turn before the policy edits it. The
-last request adds the question; then the answer is scored (``scoring``):
+Each arm replays the same agent episode turn by turn (one greedy token per request, then the
+next scripted call), so the server caches each turn before the policy edits it; the last
+request adds the question. Arms: ``none`` (append-only), ``reprefill``
+(``TruncateOldToolOutputs`` as plain edited messages), ``splice`` (the same edits as splice
+directives; re-prefill where the server has no Leyline, and the report says so) and, with
+``RunSettings.summarize``, ``summarize``.
 
-* on a Leyline server, by one ``/v1/completions`` request in the arm's own session whose
-  prompt is the session's cached prompt tokens (``GET /leyline/v1/sessions/{id}``) plus
-  an answer prefix ("The location of shipment SH-1234 is"): the server reuses the arm's
-  cache as it is (spliced KV included) and returns the next token's top-k. The chat route
-  cannot start the assistant's reply, and SmolLM2's reply starts with "The", not a value;
-* on any other server, from the first token of the chat reply to the question.
-
-* ``none``: no policy; the history as built (append-only).
-* ``reprefill``: ``TruncateOldToolOutputs(keep_last)``; the edited messages go plainly in a
-  session (``directives=False``): the server re-prefills from the first stub.
-* ``splice``: the same policy; its edits go as Leyline ``splice`` directives: the server
-  cuts each stale output and keeps the downstream KV (AMORTIZE). Against a server without
-  Leyline it runs as re-prefill (``CallRecord.leyline`` is False) and the report says so.
-* ``summarize`` (with ``RunSettings.summarize``): ``Summarize`` instead of truncation: once
-  the history holds ``SUMMARIZE_AFTER`` tool uses, its old turns (all but the last
-  ``keep_last``) become one summary the same server writes, sent as a splice.
+Scoring (``scoring``): on Leyline, one ``/v1/completions`` request in the arm's session on
+its cached tokens plus an answer prefix (the chat route cannot start the assistant's reply);
+elsewhere the first token of the chat reply. See docs/reports/eval-proxy.md.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from leyline.evals.common.report import json_fields
+
 TopLogprobs = Sequence[tuple[str, float]]
 """(token text, logprob) of the first generated token's top candidates."""
 
@@ -37,13 +39,7 @@ class Choice:
     """The most likely first token (text), whatever it is."""
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "choice": self.choice,
-            "correct": self.correct,
-            "margin": self.margin,
-            "top1": self.top1,
-            "scores": self.scores,
-        }
+        return json_fields(self, "choice", "correct", "margin", "top1", "scores")
 
 
 def choose(top: TopLogprobs, candidates: Sequence[str], answer: str) -> Choice:

@@ -23,7 +23,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from leyline.evals.common.messages import tool_exchange
+from leyline.evals.common.messages import ToolTurn
+from leyline.evals.common.report import json_fields
 
 DistractorMode = Literal["repeat", "mixed"]
 """``repeat``: every stale poll shows the same distractor (frequency pulls the wrong way);
@@ -93,15 +94,6 @@ WAIT_TOOL = "wait"
 
 
 @dataclass(frozen=True, slots=True)
-class ToolTurn:
-    """One scripted tool call and its output."""
-
-    tool: str
-    arguments: dict[str, Any]
-    output: str
-
-
-@dataclass(frozen=True, slots=True)
 class Task:
     """One task: the tool turns in order (polls and waits) and the question."""
 
@@ -156,23 +148,15 @@ class Task:
 
     def tool_turn(self, turn: int) -> list[dict[str, Any]]:
         """Tool turn ``turn`` (1-based): the assistant's call and the tool's output."""
-        step = self.turns[turn - 1]
-        return tool_exchange(turn, step.tool, step.arguments, step.output)
+        return self.turns[turn - 1].messages(turn)
 
     def question_message(self) -> dict[str, Any]:
         return {"role": "user", "content": self.question}
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "family": self.family,
-            "key": self.key,
-            "stale": self.stale,
-            "mode": self.mode,
-            "values": list(self.values),
-            "answer": self.answer,
-            "candidates": list(self.candidates),
-        }
+        return json_fields(
+            self, "index", "family", "key", "stale", "mode", "values", "answer", "candidates"
+        )
 
 
 def make_task(seed: int, index: int, stale: int) -> Task:

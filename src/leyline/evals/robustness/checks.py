@@ -121,8 +121,8 @@ class Checker:
             view = self.views[session]
             if view is None or view["num_tokens"] > MAX_TOKENS:
                 self._setup("DELETE", session_path(session))
-                body = json.dumps({"session": session, "messages": CONVERSATION}).encode()
-                self._setup("POST", "/leyline/v1/sessions", body, expect=201)
+                created = json.dumps({"session": session, "messages": CONVERSATION}).encode()
+                self._setup("POST", "/leyline/v1/sessions", created, expect=201)
                 self.views[session] = self.read(session)
         if self.tally.requests % 25 == 0:
             for session in NEW_SESSIONS:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..common.cli import add_run_options, from_args
+
 HELP = (
     "fuzz every route, lost updates, FORGET leaks, cross-tenant, cross-session and cross-salt "
     "reuse, /health under load"
@@ -57,9 +59,6 @@ CHECKS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sizes = parser.add_mutually_exclusive_group()
-    sizes.add_argument("--fast", action="store_true", help="CI mode (see above)")
-    sizes.add_argument("--full", action="store_true", help="the issue's sizes (see above)")
     for name, what in (
         ("requests", "fuzzed requests"),
         ("clients", "concurrent clients of the lost-update check"),
@@ -107,10 +106,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAMES",
         help=f"only these checks, comma-separated ({', '.join(CHECKS)}); the others are n/a",
     )
-    parser.add_argument(
-        "--out", type=Path, help="results folder (default: results/robustness-<UTC time>)"
+    add_run_options(
+        parser,
+        out="results folder (default: results/robustness-<UTC time>)",
+        full="the issue's sizes (see above)",
+        fast="CI mode (see above)",
+        progress="no progress bars",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,21 +123,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--api-key and --api-key-b go with --base-url")
     mode = "fast" if args.fast else "full" if args.full else "default"
     sizes = {k: getattr(args, k) or v for k, v in SIZES[mode].items()}
-    options = Options(
-        mode=mode,
-        messages=args.messages,
-        seed=args.seed,
-        model=args.model,
-        out=args.out,
-        progress=not args.no_progress,
-        prompt_tokens=args.prompt_tokens,
-        base_url=args.base_url,
-        api_key=args.api_key,
-        api_key_b=args.api_key_b,
-        model_dir=args.model_dir,
-        checks=args.checks,
-        **sizes,
-    )
+    options = from_args(Options, args, mode=mode, progress=not args.no_progress, **sizes)
     data = run_robustness(options)
     return 0 if met(data) else 1
 

@@ -1,34 +1,17 @@
 """Isolation of KV that is not a prefill (``cross_session``) and of salted cache partitions
-(``cross_salt``), as a client of any Leyline backend can see them.
+(``cross_salt``), as any client of a Leyline backend can see them.
 
-* Cross-session (docs/protocol.md 3.1-3.2): KV that is not the exact prefill of its tokens,
-  such as the downstream KV a ``splice`` keeps (it attended to the removed span), is
-  reusable only by the session that made it: never by a plain request, another session or
-  a FORGET. A prompt of a few hundred tokens (a per-run nonce of random token ids first, so
-  no two scenarios share a cache prefix) holds a tool output a third of the way in.
-  Session P is created with it and SPLICEs the tool output to a short stub (its path must
-  be ``splice``), then asks a turn on the edited tokens (the splice arm). Then (b) a plain
-  request (no ``leyline`` object) and (a) a new session Q, created with the original tokens
-  and FORGETting the same span with the same stub in a completions turn, ask for the next
-  token after the edited tokens. Both must give the exact prefill's next-token top-20
-  log-probabilities: max |delta| <= 1e-3. The splice arm must equal the splice's own
-  definition (``ExactReference.splice_top``: downstream KV of the original prefill, keys
-  turned by delta, the last token recomputed) to the same bound, and differ from the exact
-  prefill; an ERRATUM appended in session E must give the exact prefill of E's tokens.
-  The exact reference is plain ``transformers`` in fp32 on a HF model directory
-  (``--model-dir``), or, without one, a fresh session's
-  prefill on the same server under a cache salt of its own (weaker: the server checks
-  itself). The plain request also must not reuse past the edit (start + stub): the only KV
-  of the edited tail that exists when it runs is P's.
-* Cross-salt: sessions created under cache salt X hold two prompts (unique per run: random
-  token ids first). A new session with the same tokens under salt Y, one with no salt, and
-  a plain request with none must reuse 0 tokens; a second session under X (the control)
-  must reuse, or the zeros would prove nothing.
+* Cross-session (docs/protocol.md 3.1-3.2): session P SPLICEs a tool output out of a prompt;
+  a plain request and a session Q that FORGETs the same span must then get the exact
+  prefill's next-token top-20 log-probabilities (|delta| <= 1e-3), the splice arm its own
+  definition (``ExactReference.splice_top``), an ERRATUM session the exact prefill of its
+  tokens. The reference is ``transformers`` fp32 on ``--model-dir``, else a fresh
+  session's prefill under a salt of its own (weaker: the server checks itself).
+* Cross-salt: prompts cached under salt X must reuse 0 tokens under salt Y, with no salt and
+  in a plain request; a second session under X (the control) must reuse.
 
-Log-probabilities come from ``/v1/completions`` (token ids as the prompt, ``max_tokens``
-1, ``temperature`` 0, ``logprobs`` 20): ``choices[0].logprobs.top_logprobs[0]`` maps token
-*text* to log-probability, so the reference's token ids are turned into the server's text
-with ``/leyline/v1/detokenize``; texts two top ids share are left out (ambiguous).
+Prompts start with random token ids (a per-run nonce), so no two scenarios share a cache
+prefix. The method in full: docs/reports/eval-robustness.md.
 """
 
 from __future__ import annotations
