@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from leyline.core.backend import SERVED_VERBS, SkillLabel, describe_skill
 from leyline.core.batch import EditPlan, SessionView
-from leyline.core.chat.render import BackendRenderer, ChatRenderer
+from leyline.core.chat.render import BackendRenderer
 from leyline.core.report import OpReport
 from leyline.core.sessions import DEFAULT_TENANT
 from leyline.core.turns import Cancelled, Outcome, Turn, TurnTiming
@@ -146,9 +146,6 @@ class EngineBackend:
     @property
     def stop_token_ids(self) -> Collection[int]:
         return self.engine.loaded.eos_token_ids
-
-    def require_renderer(self) -> ChatRenderer:
-        return self.renderer.chat_renderer()
 
     # -- handles ------------------------------------------------------------------------
 

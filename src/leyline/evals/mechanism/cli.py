@@ -62,8 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--serial",
         action="store_true",
-        help="embedded server with --max-running-jobs 1 --inline-decode: model work one "
-        "request after another (the baseline the scheduler is measured against)",
+        help="embedded server with --max-running-jobs 1: model work one job after another "
+        "(the baseline the scheduler is measured against)",
     )
     parser.add_argument(
         "--decode-share",

@@ -71,7 +71,7 @@ def measure_overhead(
         "leyline": {"session": session},
     }
     request = ChatCompletionRequest.model_validate(body)
-    renderer = service.backend.require_renderer()
+    renderer = service.backend.renderer.chat_renderer()
     render = partial(renderer.render, request.messages, request.tools, add_generation_prompt=True)
     tok_body = {"messages": messages, "tools": tool_specs}
     info_url = Routes.session.format(session=session)
