@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from leyline.core.batch import common_prefix
 from leyline.core.turns import OnToken, SamplingParams
 from leyline.protocol import ErrorCode, FallbackReason, LeylineError
-from leyline.protocol.algebra import Edit, apply_edits
+from leyline.protocol.algebra import apply_edits
 from leyline.protocol.directives import Mode
-from leyline.sglang.link import BlockSource, Generated, SchedulerAnswer
+from leyline.sglang.link import Generated, SchedulerAnswer, SchedulerOrder
 
 
 class ScriptedScheduler:
@@ -73,19 +73,11 @@ class ScriptedScheduler:
         self.sent.append("release")
         self.held.pop(key, None)
 
-    async def send(
-        self,
-        verb: str,
-        old_tokens: Sequence[int],
-        edits: Sequence[Edit],
-        *,
-        blocks: Sequence[BlockSource] = (),
-        old_salt: str | None = None,
-        new_salt: str | None = None,
-    ) -> SchedulerAnswer:
-        self.sent.append(verb)
-        old = tuple(old_tokens)
-        if verb == "forget":
+    async def send(self, order: SchedulerOrder) -> SchedulerAnswer:
+        self.sent.append(order.verb)
+        old, edits, blocks = tuple(order.old_tokens), order.edits, order.blocks
+        old_salt, new_salt = order.old_salt, order.new_salt
+        if order.verb == "forget":
             forgets = [e.start for e in edits if e.mode is Mode.forget]
             cut = min(forgets or [e.start for e in edits])
             kept = {seq for seq in self.cache(old_salt) if common_prefix(seq, old) <= cut}

@@ -21,7 +21,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from leyline.protocol.algebra import Edit
 from leyline.protocol.errors import ErrorCode, LeylineError
-from leyline.sglang.link import BlockSource
+from leyline.sglang.link import BlockSource, SchedulerOrder
 from leyline.sglang.scheduler_side import HELD_SHARE, handle
 from leyline.sglang.tree_ops import TreeOps
 from leyline.sglang.wire import to_wire
@@ -78,7 +78,7 @@ def _scheduler(stack: Stack) -> Any:
 
 
 def _hold(scheduler: Any, key: str, tokens: list[int]) -> Any:
-    return handle(scheduler, to_wire("hold", tokens, (), key=key))
+    return handle(scheduler, to_wire(SchedulerOrder("hold", tokens, key=key)))
 
 
 def _compose(
@@ -195,7 +195,7 @@ def test_a_held_skill_survives_eviction_and_nothing_leaks(kind: TreeKind) -> Non
     ops.evict_all()
     assert ops.match(SKILL).length == len(SKILL)  # held: never evicted
     assert ops.match(OLD).length < len(OLD)
-    released = handle(scheduler, to_wire("release", (), (), key="skill"))
+    released = handle(scheduler, to_wire(SchedulerOrder("release", key="skill")))
     assert released.ok and released.cached_tokens == 0
     ops.evict_all()
     assert ops.match(SKILL).length == 0
@@ -245,9 +245,9 @@ def test_holds_are_capped_at_a_share_of_the_pool_and_a_refusal_holds_nothing() -
     more = list(range(700, 700 + cap // 2 + 1))
     _write(stack, more, None, seed=6)
     big = more + [1] * cap
-    too_big = handle(scheduler, to_wire("hold", big, (), key="c", evictable=["a"]))
+    too_big = handle(scheduler, to_wire(SchedulerOrder("hold", big, key="c", evictable=["a"])))
     assert not too_big.ok and set(scheduler._leyline_holds) == {"a"}  # nothing released
-    made = handle(scheduler, to_wire("hold", more, (), key="c", evictable=["a"]))
+    made = handle(scheduler, to_wire(SchedulerOrder("hold", more, key="c", evictable=["a"])))
     assert made.ok and made.released == ["a"] and set(scheduler._leyline_holds) == {"c"}
 
 

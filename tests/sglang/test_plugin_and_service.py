@@ -19,13 +19,12 @@ import torch
 from leyline.core.service import SessionService
 from leyline.core.sessions import DEFAULT_TENANT, SessionStore
 from leyline.protocol import ErrorCode, FallbackReason, LeylineError, Limits, Path
-from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import ComposeDirective, ForgetDirective, SpliceDirective
 from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCreate
 from leyline.protocol.spans import TokenSpan
 from leyline.sglang import plugin
 from leyline.sglang.backend import SglangBackend
-from leyline.sglang.link import BlockSource, SchedulerAnswer, checked
+from leyline.sglang.link import SchedulerAnswer, SchedulerOrder, checked
 from leyline.sglang.scheduler_side import handle
 from leyline.sglang.tree_ops import TreeOps
 from leyline.sglang.wire import LeylineSpliceReqInput, LeylineSpliceReqOutput, from_wire, to_wire
@@ -80,18 +79,8 @@ class _LocalLink:
         self.prefilled: list[int] = []
         self.salts: list[str | None] = []
 
-    async def send(
-        self,
-        verb: str,
-        old_tokens: Sequence[int],
-        edits: Sequence[Edit],
-        *,
-        blocks: Sequence[BlockSource] = (),
-        old_salt: str | None = None,
-        new_salt: str | None = None,
-    ) -> SchedulerAnswer:
-        req = to_wire(verb, old_tokens, edits, blocks=blocks, old_salt=old_salt, new_salt=new_salt)
-        return from_wire(handle(self.scheduler, req))
+    async def send(self, order: SchedulerOrder) -> SchedulerAnswer:
+        return from_wire(handle(self.scheduler, to_wire(order)))
 
     async def hold(
         self,
@@ -100,12 +89,12 @@ class _LocalLink:
         evictable: Sequence[str] = (),
         salt: str | None = None,
     ) -> tuple[int, tuple[str, ...]]:
-        req = to_wire("hold", tokens, (), key=key, evictable=evictable, old_salt=salt)
-        answer = checked(from_wire(handle(self.scheduler, req)))
+        order = SchedulerOrder("hold", tokens, key=key, evictable=evictable, old_salt=salt)
+        answer = checked(from_wire(handle(self.scheduler, to_wire(order))))
         return answer.cached_tokens, answer.released
 
     async def release(self, key: str) -> None:
-        checked(from_wire(handle(self.scheduler, to_wire("release", (), (), key=key))))
+        checked(from_wire(handle(self.scheduler, to_wire(SchedulerOrder("release", key=key)))))
 
     async def prefill(self, tokens: Sequence[int], salt: str | None = None) -> None:
         self.prefilled.append(len(tokens))

@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Collection, Coroutine, Sequence
+from dataclasses import replace
 from typing import Any
 
 from leyline.core.backend import SERVED_VERBS, SkillLabel
@@ -38,7 +39,14 @@ from leyline.protocol.directives import Mode
 from leyline.protocol.resolve import SkillTokens
 from leyline.protocol.resources import SkillInfo
 from leyline.protocol.spans import MessageSpan
-from leyline.sglang.link import BlockSource, Generator, SchedulerAnswer, SchedulerLink, checked
+from leyline.sglang.link import (
+    BlockSource,
+    Generator,
+    SchedulerAnswer,
+    SchedulerLink,
+    SchedulerOrder,
+    checked,
+)
 from leyline.sglang.session import SglangSession
 from leyline.sglang.skill_store import HeldSkill, SkillHolds
 
@@ -189,7 +197,9 @@ class SglangBackend:
         """Drop each namespace's KV from its first page on (a FORGET at 0 there)."""
         for salt, tokens in namespaces:
             try:
-                await self.link.send("forget", tokens, [Edit(0, 0, ())], old_salt=salt)
+                await self.link.send(
+                    SchedulerOrder("forget", tokens, [Edit(0, 0, ())], old_salt=salt)
+                )
             except Exception:  # the session is gone either way; the tree's LRU takes it
                 logger.exception("purging a closed session's namespace %s failed", salt)
 
@@ -331,11 +341,10 @@ class SglangBackend:
         a plain request say, may have prefilled the same tokens); and in every earlier
         lineage, from where the forgotten tokens sit in it (protocol 3.2)."""
         base = handle.view
-        out = checked(await self.link.send("forget", base.tokens, plan.edits, old_salt=handle.salt))
+        forget = SchedulerOrder("forget", base.tokens, plan.edits, old_salt=handle.salt)
+        out = checked(await self.link.send(forget))
         if handle.private_salt is not None:
-            checked(
-                await self.link.send("forget", base.tokens, plan.edits, old_salt=handle.shared_salt)
-            )
+            checked(await self.link.send(replace(forget, old_salt=handle.shared_salt)))
         spans = [(e.start, e.end) for e in plan.edits if e.mode is Mode.forget]
         for salt, lineages in handle.lineages.items():
             for tokens, first in lineages.forgotten(spans):
@@ -345,7 +354,11 @@ class SglangBackend:
                 # A private lineage's tokens may have been prefilled by anyone in the shared
                 # namespace (a plain request for them): that copy holds the span too.
                 for where in dict.fromkeys((salt, handle.shared_salt)):
-                    checked(await self.link.send("forget", tokens, [edit], old_salt=where))
+                    checked(
+                        await self.link.send(
+                            SchedulerOrder("forget", tokens, [edit], old_salt=where)
+                        )
+                    )
         return out
 
     async def _splice(
@@ -360,17 +373,9 @@ class SglangBackend:
         # prefill did not land in the tree, and the splice gives up rather than loop.
         asked: set[int] = set()
         rotated = 0  # each call builds past what the earlier ones did: their counts add up
+        order = SchedulerOrder("splice", plan.base.tokens, plan.edits, blocks, old_salt, new_salt)
         while True:
-            out = checked(
-                await self.link.send(
-                    "splice",
-                    plan.base.tokens,
-                    plan.edits,
-                    blocks=blocks,
-                    old_salt=old_salt,
-                    new_salt=new_salt,
-                )
-            )
+            out = checked(await self.link.send(order))
             rotated += out.rotated_tokens
             if out.ok and out.pending_prefill is None:
                 reason = FallbackReason(out.fallback_reason) if out.fallback_reason else None

@@ -53,19 +53,26 @@ class BlockSource:
         return self.source[self.offset :]
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerOrder:
+    """One request to the scheduler: ``splice`` or ``forget`` of ``edits`` on the cached
+    ``old_tokens`` (in the namespace ``old_salt``; a splice builds the new sequence in
+    ``new_salt``'s), or ``hold`` / ``release`` of a sequence under ``key``."""
+
+    verb: str
+    old_tokens: Sequence[int] = ()
+    edits: Sequence[Edit] = ()
+    blocks: Sequence[BlockSource] = ()
+    old_salt: str | None = None
+    new_salt: str | None = None
+    key: str = ""
+    evictable: Sequence[str] = ()
+    """``hold``: keys it may release to make room, least recently used first."""
+
+
 class SchedulerLink(Protocol):
-    async def send(
-        self,
-        verb: str,
-        old_tokens: Sequence[int],
-        edits: Sequence[Edit],
-        *,
-        blocks: Sequence[BlockSource] = (),
-        old_salt: str | None = None,
-        new_salt: str | None = None,
-    ) -> SchedulerAnswer:
-        """Run ``splice`` or ``forget`` of ``edits`` on the cached ``old_tokens`` (in the
-        namespace ``old_salt``; a splice builds the new sequence in ``new_salt``'s)."""
+    async def send(self, order: SchedulerOrder) -> SchedulerAnswer:
+        """Run a ``splice`` or ``forget`` order."""
         ...
 
     async def prefill(self, tokens: Sequence[int], salt: str | None = None) -> None:

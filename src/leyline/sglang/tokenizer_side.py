@@ -20,12 +20,11 @@ from leyline.core.route_guard import unmatched_router
 from leyline.core.routes import leyline_router
 from leyline.core.turns import OnToken, SamplingParams, TokenChoice
 from leyline.protocol import Limits
-from leyline.protocol.algebra import Edit
 from leyline.protocol.resources import API_PREFIX
 from leyline.serve.service import LeylineService
 from leyline.serve.settings import ServerSettings
 from leyline.sglang.backend import SglangBackend
-from leyline.sglang.link import BlockSource, Generated, SchedulerAnswer, checked
+from leyline.sglang.link import Generated, SchedulerAnswer, SchedulerOrder, checked
 from leyline.sglang.openai_dispatch import LeylineDispatch, leyline_openai_app
 from leyline.sglang.session import SglangSession
 from leyline.sglang.tenant_keys import TenantKeys, tenants_from_env
@@ -38,18 +37,8 @@ class TokenizerManagerLink:
     def __init__(self, tokenizer_manager: Any) -> None:
         self.tm = tokenizer_manager
 
-    async def send(
-        self,
-        verb: str,
-        old_tokens: Sequence[int],
-        edits: Sequence[Edit],
-        *,
-        blocks: Sequence[BlockSource] = (),
-        old_salt: str | None = None,
-        new_salt: str | None = None,
-    ) -> SchedulerAnswer:
-        req = to_wire(verb, old_tokens, edits, blocks=blocks, old_salt=old_salt, new_salt=new_salt)
-        return await self._ask(req)
+    async def send(self, order: SchedulerOrder) -> SchedulerAnswer:
+        return await self._ask(to_wire(order))
 
     async def hold(
         self,
@@ -58,12 +47,12 @@ class TokenizerManagerLink:
         evictable: Sequence[str] = (),
         salt: str | None = None,
     ) -> tuple[int, tuple[str, ...]]:
-        req = to_wire("hold", tokens, (), key=key, evictable=evictable, old_salt=salt)
-        answer = checked(await self._ask(req))
+        order = SchedulerOrder("hold", tokens, key=key, evictable=evictable, old_salt=salt)
+        answer = checked(await self._ask(to_wire(order)))
         return answer.cached_tokens, answer.released
 
     async def release(self, key: str) -> None:
-        checked(await self._ask(to_wire("release", (), (), key=key)))
+        checked(await self._ask(to_wire(SchedulerOrder("release", key=key))))
 
     async def _ask(self, req: LeylineSpliceReqInput) -> SchedulerAnswer:
         results: list[LeylineSpliceReqOutput] = await self.tm.leyline_splice_communicator(req)

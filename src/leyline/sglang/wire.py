@@ -7,14 +7,11 @@ Imports SGLang: import this module only inside an SGLang process (or its test ve
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import msgspec
 from sglang.srt.managers.io_struct import BaseReq, hook_custom_types
 
-from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
-from leyline.sglang.link import BlockSource, SchedulerAnswer
+from leyline.sglang.link import BlockSource, SchedulerAnswer, SchedulerOrder
 
 #: ``(start, end, replacement token ids)`` in the old sequence's coordinates.
 WireEdit = tuple[int, int, list[int]]
@@ -59,27 +56,17 @@ class LeylineSpliceReqOutput(BaseReq, kw_only=True):  # type: ignore[misc, call-
 hook_custom_types(LeylineSpliceReqInput, LeylineSpliceReqOutput)
 
 
-def to_wire(
-    verb: str,
-    old_tokens: Sequence[int],
-    edits: Sequence[Edit],
-    *,
-    blocks: Sequence[BlockSource] = (),
-    old_salt: str | None = None,
-    new_salt: str | None = None,
-    key: str = "",
-    evictable: Sequence[str] = (),
-) -> LeylineSpliceReqInput:
+def to_wire(order: SchedulerOrder) -> LeylineSpliceReqInput:
     return LeylineSpliceReqInput(
-        verb=verb,
-        old_tokens=list(old_tokens),
-        edits=[(e.start, e.end, list(e.replacement)) for e in edits],
-        forgets=[i for i, e in enumerate(edits) if e.mode is Mode.forget],
-        blocks=[(b.start, b.end, list(b.source), b.offset, b.seam, b.salt) for b in blocks],
-        old_salt=old_salt,
-        new_salt=new_salt,
-        key=key,
-        evictable=list(evictable),
+        verb=order.verb,
+        old_tokens=list(order.old_tokens),
+        edits=[(e.start, e.end, list(e.replacement)) for e in order.edits],
+        forgets=[i for i, e in enumerate(order.edits) if e.mode is Mode.forget],
+        blocks=[(b.start, b.end, list(b.source), b.offset, b.seam, b.salt) for b in order.blocks],
+        old_salt=order.old_salt,
+        new_salt=order.new_salt,
+        key=order.key,
+        evictable=list(order.evictable),
     )
 
 
