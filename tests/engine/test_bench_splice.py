@@ -8,7 +8,8 @@ import pytest
 
 from leyline.engine.engine import Engine
 from leyline.engine.models import build_tiny_mla
-from leyline.evals.bench_splice import Bandwidth, linear_flops, main
+from leyline.evals.bench_floors import Bandwidth, linear_flops
+from leyline.evals.bench_splice import main
 
 
 def test_bench_runs_end_to_end_on_a_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:

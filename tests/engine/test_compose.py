@@ -22,7 +22,7 @@ from transformers import DynamicCache, PreTrainedModel
 from leyline.core.errors import SpliceUnsupportedError
 from leyline.engine.edits.skills import Skill, SkillStore, compile_skill
 from leyline.engine.engine import Engine
-from leyline.engine.forward import prefill_at
+from leyline.engine.forward import Forwards, prefill_at
 from leyline.engine.kv.kv_blocks import KVCache
 from leyline.engine.models import build_tiny_mla
 from leyline.engine.session import SessionCache
@@ -339,7 +339,7 @@ def test_a_failed_compose_leaves_the_session_as_it_was(
     def boom(*args: object) -> torch.Tensor:
         raise RuntimeError("out of memory mid-seam")
 
-    monkeypatch.setattr(mla, "forward_into", boom)
+    monkeypatch.setattr(Forwards, "into", boom)
     with pytest.raises(RuntimeError):
         session.compose(skill, 10, seam_tokens=4)
     _unchanged(session, *before)

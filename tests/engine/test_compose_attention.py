@@ -260,7 +260,7 @@ def test_a_failed_attention_compose_leaves_the_session_as_it_was(
     def boom(*args: object, **kwargs: object) -> torch.Tensor:
         raise RuntimeError("out of memory mid-recompute")
 
-    monkeypatch.setattr("leyline.engine.edits.attention_recompute.forward_scattered", boom)
+    monkeypatch.setattr("leyline.engine.edits.attention_recompute.forward_at", boom)
     with pytest.raises(RuntimeError):
         session.compose(skill, 10, seam_tokens=2, recompute=attention(0.5), final_tokens=final)
     _unchanged(session, *before)

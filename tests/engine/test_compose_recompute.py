@@ -305,7 +305,7 @@ def test_a_failed_deviation_compose_leaves_the_session_as_it_was(
     def boom(*args: object, **kwargs: object) -> torch.Tensor:
         raise RuntimeError("out of memory mid-recompute")
 
-    monkeypatch.setattr("leyline.engine.edits.recompute.forward_scattered", boom)
+    monkeypatch.setattr("leyline.engine.edits.recompute.forward_at", boom)
     with pytest.raises(RuntimeError):
         session.compose(skill, 10, seam_tokens=2, recompute_ratio=0.5)
     _unchanged(session, *before)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from leyline.core.turns import SamplingParams
 from leyline.engine.engine import Engine
 from leyline.engine.kv.buffer_views import capacity
 from leyline.engine.models import build_tiny_mla
-from leyline.engine.sampling import SamplingParams
 from leyline.engine.session import SessionCache
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode

@@ -8,9 +8,17 @@ import pytest
 import torch
 
 from leyline.engine.attention import NAME, grouped_sdpa_forward
-from leyline.engine.edits.run_executor import SourcedRun, execute_edit, fused_plan
+from leyline.engine.edits.run_executor import SourcedRun, execute_edit, fill_runs, fused_plan
 from leyline.engine.engine import Engine
-from leyline.engine.forward import filled, forward_at, new_buffers, prefill_at, query_runs
+from leyline.engine.forward import (
+    Forwards,
+    KVBuffers,
+    filled,
+    forward_at,
+    new_buffers,
+    prefill_at,
+    query_runs,
+)
 from leyline.engine.session import SessionCache
 from leyline.protocol.algebra import Edit, apply_edits
 from leyline.protocol.directives import Mode
@@ -45,7 +53,7 @@ def test_scattered_positions_reproduce_a_full_prefill(engine: Engine) -> None:
         for dst, src in zip(layer, ref, strict=True):
             dst.copy_(src)
             dst[..., holes, :] = float("nan")  # anything read before it is written shows
-    logits = engine.forward_at(buffers, holes, [tokens[p] for p in holes], N)
+    logits = engine.forwards.at(buffers, holes, [tokens[p] for p in holes], N)
     assert _logprob_diff(logits, ref_logits) <= 1e-4
     for layer, ref in zip(filled(buffers, N), reference, strict=True):
         for got, want in zip(layer, ref, strict=True):
@@ -92,7 +100,7 @@ def test_bad_positions_are_refused(
     kv, _ = llama_engine.forward((), random_tokens(N, llama_engine.vocab_size, seed=0))
     buffers = new_buffers(kv, N)
     with pytest.raises(ValueError, match=match):
-        llama_engine.forward_at(buffers, positions, tokens, N)
+        llama_engine.forwards.at(buffers, positions, tokens, N)
 
 
 def _edits(engine: Engine) -> list[Edit]:
@@ -100,33 +108,50 @@ def _edits(engine: Engine) -> list[Edit]:
     return [Edit(60, 64, (), Mode.amortize), Edit(10, 30, stub, Mode.amortize)]
 
 
-def test_fused_splice_equals_the_sequential_one(engine: Engine) -> None:
+class _NoRefine:
+    """A refiner that recomputes nothing: the runs then go through the sequential loop."""
+
+    def recomputed(self, length: int) -> int:
+        return 0
+
+    def __call__(self, buffers: KVBuffers, tokens: object, run: object) -> list[int]:
+        return []
+
+
+def test_fused_splice_equals_the_sequential_one(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Replacement, a deletion downstream and the last token again, in one pass or run by
     run: the same KV and next-token logits up to rounding."""
     session = SessionCache(engine)
     tokens = random_tokens(N, engine.vocab_size, seed=3)
     session.prefill(tokens)
     result = apply_edits(tokens, _edits(engine))
-    kwargs = {"old_exact_length": N, "want_logits": True}
-    sequential = execute_edit(
-        engine.forward_into, engine.layout, engine.rope, session.kv, result, **kwargs
-    )
+    runs = [
+        SourcedRun(r, session.kv, _NoRefine()) if r.kind == "kept" else SourcedRun(r)
+        for r in result.runs
+    ]
+    seq_kv, seq_logits, _ = fill_runs(
+        engine.forwards, engine.layout, engine.rope, result.tokens, runs,
+        template=session.kv, want_logits=True,
+    )  # fmt: skip
     calls: list[list[int]] = []
+    at = Forwards.at
 
-    def counted(buffers, positions, toks, total):  # type: ignore[no-untyped-def]
+    def counted(self, buffers, positions, toks, total=None, **kw):  # type: ignore[no-untyped-def]
         calls.append(list(positions))
-        return engine.forward_at(buffers, positions, toks, total)
+        return at(self, buffers, positions, toks, total, **kw)
 
+    monkeypatch.setattr(Forwards, "at", counted)
     fused = execute_edit(
-        engine.forward_into, engine.layout, engine.rope, session.kv, result,
-        forward_at=counted, **kwargs,
+        engine.forwards, engine.layout, engine.rope, session.kv, result,
+        old_exact_length=N, want_logits=True,
     )  # fmt: skip
     n = len(result.tokens)
     assert calls == [[*range(10, 19), n - 1]]  # the stub and the last token, one pass
-    assert fused.logits is not None and sequential.logits is not None
-    assert _logprob_diff(fused.logits, sequential.logits) <= 1e-4
-    assert fused.exact_length == sequential.exact_length
-    for a, b in zip(fused.kv, sequential.kv, strict=True):
+    assert fused.logits is not None and seq_logits is not None
+    assert _logprob_diff(fused.logits, seq_logits) <= 1e-4
+    for a, b in zip(fused.kv, seq_kv, strict=True):
         for x, y in zip(a, b, strict=True):
             assert _max_diff(x, y) <= 1e-4
 
@@ -141,7 +166,7 @@ def test_sessions_splice_in_one_pass_and_a_failure_changes_nothing(
     def broken(*args: object) -> None:
         raise RuntimeError("out of memory, say")
 
-    monkeypatch.setattr(llama_engine, "forward_at", broken)
+    monkeypatch.setattr(Forwards, "at", broken)
     monkeypatch.setattr(llama_engine, "edits_in_place", False)  # the copy path's pass
     with pytest.raises(RuntimeError, match="out of memory"):
         session.apply_edits(_edits(llama_engine), want_logits=True)

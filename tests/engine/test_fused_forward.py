@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 import torch
 
+from leyline.core.turns import SamplingParams
 from leyline.engine.batched_decode import Row
 from leyline.engine.cpu import attention_kernel
 from leyline.engine.cpu.fused_forward import FusedModel, fused_model
@@ -22,7 +23,6 @@ from leyline.engine.engine import Engine
 from leyline.engine.forward import buffers_holding, filled
 from leyline.engine.kv.kv_blocks import KVCache
 from leyline.engine.lean_layers import drop_lean_layers, use_lean_layers
-from leyline.engine.sampling import SamplingParams
 from leyline.engine.segment_attention import PreparedPlan
 from leyline.engine.session import SessionCache
 from leyline.protocol.algebra import Edit

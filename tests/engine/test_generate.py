@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from leyline.core.turns import SamplingParams
 from leyline.engine.engine import Engine
-from leyline.engine.sampling import SamplingParams, choose_token
+from leyline.engine.sampling import choose_token, torch_generator
 from leyline.engine.session import SessionCache
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
@@ -53,12 +54,12 @@ def test_edits_after_generation_complete_the_pending_token(llama_engine: Engine)
 def test_sampling_is_seeded_and_top_k_one_is_greedy() -> None:
     logits = torch.randn(100)
     params = SamplingParams(temperature=1.0, seed=3)
-    draws = [choose_token(logits, params, params.generator()) for _ in range(2)]
+    draws = [choose_token(logits, params, torch_generator(params)) for _ in range(2)]
     assert draws[0] == draws[1]
     one = SamplingParams(temperature=2.0, top_k=1, seed=0)
-    assert choose_token(logits, one, one.generator()) == int(torch.argmax(logits))
+    assert choose_token(logits, one, torch_generator(one)) == int(torch.argmax(logits))
     nucleus = SamplingParams(temperature=1.0, top_p=1e-6, seed=0)
-    assert choose_token(logits, nucleus, nucleus.generator()) == int(torch.argmax(logits))
+    assert choose_token(logits, nucleus, torch_generator(nucleus)) == int(torch.argmax(logits))
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from leyline.core.turns import SamplingParams
 from leyline.engine.cpu import rope_kernel
 from leyline.engine.edits import in_place_edit
 from leyline.engine.edits.in_place_edit import segment_runs
@@ -21,7 +22,6 @@ from leyline.engine.forward import prefill_at
 from leyline.engine.kv.buffer_views import capacity
 from leyline.engine.kv.kv_blocks import KVCache
 from leyline.engine.rope import rotate_into_eager
-from leyline.engine.sampling import SamplingParams
 from leyline.engine.session import SessionCache
 from leyline.protocol.algebra import Edit, apply_edits
 from leyline.protocol.directives import Mode
@@ -201,7 +201,7 @@ def test_a_growing_edit_runs_in_place_when_the_buffer_has_room(engine: Engine) -
             slots.append(buffer[:, :, :600])
         roomy.append(tuple(slots))
     result = apply_edits(session.tokens, [Edit(100, 104, _stub(12, 11), Mode.amortize)])
-    moved = engine.edit_in_place(tuple(roomy), result, want_logits=True)
+    moved = engine.splicer.edit_in_place(tuple(roomy), result, want_logits=True)
     assert moved is not None and moved.rerun and moved.logits is not None
     assert moved.kv[0][0].data_ptr() == roomy[0][0].data_ptr()
     assert moved.kv[0][0].shape[2] == 608
@@ -307,7 +307,7 @@ def test_mla_models_take_the_copy_path(mla_engine: Engine) -> None:
     assert not mla_engine.can_edit_in_place
     mla_engine.edits_in_place = True  # asked for, but the engine still copies
     assert (
-        mla_engine.edit_in_place(
+        mla_engine.splicer.edit_in_place(
             mla_engine.forward((), [5, 6, 7])[0],
             apply_edits([5, 6, 7], [Edit(0, 1, (), Mode.amortize)]),
             want_logits=True,

@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from leyline.core.turns import SamplingParams
 from leyline.engine.batched_decode import Row
 from leyline.engine.cpu.switches import OVERRIDES
 from leyline.engine.engine import Engine
@@ -24,7 +25,6 @@ from leyline.engine.lean_layers import (
     use_lean_layers,
 )
 from leyline.engine.models import LoadedModel, build_tiny_mla
-from leyline.engine.sampling import SamplingParams
 from leyline.engine.session import SessionCache
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode

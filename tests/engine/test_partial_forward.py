@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from leyline.engine.engine import Engine
-from leyline.engine.forward import filled, new_buffers, prefill_at
-from leyline.engine.partial_forward import decoder_layers, forward_scattered, forward_through
+from leyline.engine.forward import filled, forward_at, new_buffers, prefill_at
+from leyline.engine.partial_forward import decoder_layers, forward_through
 
 from ._helpers import random_tokens, rel_err
 
@@ -33,7 +33,9 @@ def test_scattered_over_a_contiguous_tail_is_a_chunked_prefill(engine: Engine) -
     tokens = random_tokens(30, engine.vocab_size, 1)
     full = prefill_at(engine.model, tokens, 0)
     buffers = _buffers_holding(engine, tokens, 12)
-    logits = forward_scattered(engine.model, buffers, tokens[12:], list(range(12, 30)), chunk=5)
+    logits = forward_at(
+        engine.model, buffers, list(range(12, 30)), tokens[12:], chunk=5, by_runs=False
+    )
     for got, want in zip(filled(buffers, 30), full, strict=True):
         for g, w in zip(got, want, strict=True):
             assert rel_err(g, w) <= 1e-5
@@ -48,12 +50,12 @@ def test_scattered_positions_see_only_what_precedes_them(engine: Engine) -> None
     tokens = random_tokens(30, engine.vocab_size, 2)
     full = prefill_at(engine.model, tokens, 0)
     buffers = _buffers_holding(engine, tokens, 21)
-    forward_scattered(engine.model, buffers, [tokens[13], tokens[20]], [13, 20])
+    forward_at(engine.model, buffers, [13, 20], [tokens[13], tokens[20]], by_runs=False)
     for got, want in zip(filled(buffers, 21), full, strict=True):
         for g, w in zip(got, want, strict=True):
             assert rel_err(g, w[..., :21, :]) <= 1e-5
     with pytest.raises(ValueError):
-        forward_scattered(engine.model, buffers, [tokens[3], tokens[2]], [3, 2])
+        forward_at(engine.model, buffers, [3, 2], [tokens[3], tokens[2]], by_runs=False)
 
 
 def test_forward_through_runs_the_first_layers_only(engine: Engine) -> None:

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from leyline.core.turns import SamplingParams
 from leyline.engine.engine import Engine
 from leyline.engine.models import build_tiny_mla
-from leyline.engine.sampling import SamplingParams
 from leyline.engine.scheduler import ModelScheduler
 from leyline.engine.session import PendingGeneration, SessionCache
 from leyline.engine.yield_points import chunk_boundary

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from leyline.core.turns import SamplingParams
 from leyline.engine.engine import Engine
-from leyline.engine.sampling import SamplingParams
 from leyline.engine.scheduler import ModelScheduler
 from leyline.engine.session import SessionCache
 from leyline.engine.work_estimates import WorkRates

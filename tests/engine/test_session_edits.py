@@ -145,7 +145,7 @@ def test_mla_splice_is_closer_to_reprefill_than_no_rotation(mla_engine: Engine) 
         base = dict(old_exact_length=60)
         for spec, sink in ((rope, right), (zero, none)):
             out = execute_edit(
-                mla_engine.forward_into, mla_engine.layout, spec, session.kv, result, **base
+                mla_engine.forwards, mla_engine.layout, spec, session.kv, result, **base
             )
             last = mla_engine.forward(
                 tuple(tuple(t[..., :-1, :] for t in layer) for layer in out.kv), result.tokens[-1:]

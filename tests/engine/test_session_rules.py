@@ -8,6 +8,7 @@ import pytest
 
 from leyline.core.errors import SpliceUnsupportedError
 from leyline.engine.engine import Engine
+from leyline.engine.forward import Forwards
 from leyline.engine.session import SessionCache
 from leyline.protocol.algebra import Edit
 from leyline.protocol.capabilities import Limits
@@ -105,7 +106,7 @@ def test_a_failure_midway_leaves_the_session_unchanged(
     def broken(*args: object) -> None:
         raise RuntimeError("out of memory, say")
 
-    monkeypatch.setattr(session.engine, "forward_into", broken)
+    monkeypatch.setattr(Forwards, "into", broken)
     monkeypatch.setattr(session.engine, "edits_in_place", False)  # the copy path's loop
     err = _unchanged_after(
         session,

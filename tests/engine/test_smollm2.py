@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from leyline.core.turns import SamplingParams
 from leyline.engine.edits.run_executor import execute_edit, slice_kv
 from leyline.engine.engine import Engine
 from leyline.engine.kv.layouts import CacheLayout
 from leyline.engine.rope import RopeSpec
-from leyline.engine.sampling import SamplingParams
 from leyline.engine.session import SessionCache
 from leyline.protocol.algebra import Edit, apply_edits
 from leyline.protocol.directives import ErratumDirective, Mode, SpliceDirective
@@ -75,7 +75,7 @@ def test_splice_is_far_closer_to_reprefill_than_no_rotation_or_wrong_layout(
     arms = {"none": (e.layout, no_rotation), "wrong": (wrong_layout, e.rope)}
     other = {}
     for name, (layout, rope) in arms.items():
-        out = execute_edit(e.forward_into, layout, rope, kv, result, old_exact_length=len(tokens))
+        out = execute_edit(e.forwards, layout, rope, kv, result, old_exact_length=len(tokens))
         other[name] = kl(reference, _last_logits(e, out.kv, result.tokens))
     # Measured: right 0.07, no rotation 1.03, wrong layout 3.7 (nats).
     assert right < 0.25 and right < other["none"] / 5 and right < other["wrong"] / 5, (right, other)

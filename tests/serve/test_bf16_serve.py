@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from leyline.core.turns import SamplingParams
 from leyline.engine.engine import Engine
-from leyline.engine.sampling import SamplingParams
 from leyline.engine.session import SessionCache
 
 from .conftest import Server, serve

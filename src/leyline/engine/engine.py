@@ -17,23 +17,16 @@ from leyline.core.errors import SpliceUnsupportedError
 from leyline.engine.attention import use_grouped_sdpa
 from leyline.engine.batched_decode import Row, batches_decode, forward_rows
 from leyline.engine.cpu.packed_linear import PackReport, pack_linear_layers
-from leyline.engine.edits.in_place_edit import InPlaceOutcome, edit_in_place, in_place_layout
+from leyline.engine.edits.edit_paths import Splicer
+from leyline.engine.edits.in_place_edit import in_place_layout
 from leyline.engine.edits.recompute import SELECTION_LAYER
-from leyline.engine.edits.run_executor import ForwardAt
-from leyline.engine.forward import (
-    DEFAULT_PREFILL_CHUNK,
-    KVBuffers,
-    forward_at,
-    forward_into,
-    forward_tokens,
-)
+from leyline.engine.forward import DEFAULT_PREFILL_CHUNK, Forwards, KVBuffers
 from leyline.engine.kv.kv_blocks import KVCache
 from leyline.engine.kv.layouts import CacheLayout, detect_layout
 from leyline.engine.kv.prefix_cache import PrefixCache
 from leyline.engine.lean_layers import fused_layers, use_lean_layers
 from leyline.engine.models import LoadedModel, load_model
 from leyline.engine.rope import RopeSpec, rope_spec
-from leyline.protocol.algebra import EditResult
 from leyline.protocol.capabilities import Limits
 from leyline.protocol.errors import ErrorCode, LeylineError
 
@@ -69,14 +62,13 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.prefix_cache = prefix_cache
         self.prefill_chunk = prefill_chunk
+        self.forwards = Forwards(self.model, prefill_chunk)
+        """The model's forwards over KV buffers (``forward``)."""
         max_positions = int(getattr(self.model.config, "max_position_embeddings", 0)) or None
         self.limits = limits or Limits(max_session_tokens=max_positions)
         self.rope: RopeSpec | None = None
         self.layout: CacheLayout | None = None
         self.splice_refusal: SpliceUnsupportedError | None = None
-        self.one_pass = True
-        """Splices run every recomputed token (the last one's again included) in one masked
-        pass over the weights (``forward_at``); False runs them run by run (benchmarks)."""
         self.batches_decode = batches_decode(self.model)
         """Concurrent generations' decode steps run as one batch (``batched_decode``)."""
         self.recompute_selection_layer = SELECTION_LAYER
@@ -91,9 +83,8 @@ class Engine:
         """The model can take in-place edits (GQA keys on the engine's attention)."""
         self.edits_in_place = self.can_edit_in_place and os.environ.get(IN_PLACE_SWITCH) != "0"
         """A session that owns its KV edits it inside its own buffers (``in_place_edit``):
-        no second KV during a splice, at the copy path's latency (0.97-1.05x on this CPU,
-        docs/perf.md). On by default; ``LEYLINE_IN_PLACE_EDITS=0`` (or False here) keeps
-        every edit on the copy path."""
+        no second KV during a splice (docs/perf.md). On by default;
+        ``LEYLINE_IN_PLACE_EDITS=0`` (or False here) keeps every edit on the copy path."""
 
     @classmethod
     def load(
@@ -124,18 +115,11 @@ class Engine:
     ) -> tuple[KVCache, torch.Tensor]:
         """New KV of ``kv`` + ``tokens`` (``kv`` itself is only read) and next-token logits;
         ``reserve``: positions of room left past them in the new buffers."""
-        return forward_tokens(self.model, kv, tokens, chunk=self.prefill_chunk, reserve=reserve)
+        return self.forwards.tokens(kv, tokens, reserve=reserve)
 
     def forward_into(self, buffers: KVBuffers, length: int, tokens: Sequence[int]) -> torch.Tensor:
         """Prefill ``tokens`` in place after the first ``length`` buffered positions."""
-        return forward_into(self.model, buffers, length, tokens, chunk=self.prefill_chunk)
-
-    def forward_at(
-        self, buffers: KVBuffers, positions: Sequence[int], tokens: Sequence[int], total: int
-    ) -> torch.Tensor:
-        """Run ``tokens`` at scattered ``positions`` of buffers filled elsewhere up to
-        ``total``, in one pass over the weights (``forward.forward_at``)."""
-        return forward_at(self.model, buffers, positions, tokens, total, chunk=self.prefill_chunk)
+        return self.forwards.into(buffers, length, tokens)
 
     def forward_rows(self, rows: Sequence[Row]) -> torch.Tensor:
         """One decode step of several generations (``batched_decode``): logits ``[B, V]``.
@@ -144,23 +128,11 @@ class Engine:
             return forward_rows(self.model, rows)
         return torch.stack([self.forward_into(r.buffers, r.length, [r.token]) for r in rows])
 
-    def edit_in_place(
-        self, kv: KVCache, result: EditResult, *, want_logits: bool
-    ) -> InPlaceOutcome | None:
-        """``result`` executed inside ``kv``'s own buffers (the caller owns them), or None
-        with nothing touched when in-place edits are off or these buffers cannot take it."""
-        if not (self.edits_in_place and self.can_edit_in_place and self.one_pass):
-            return None
-        assert self.layout is not None and self.rope is not None
-        return edit_in_place(
-            self.model, self.layout, self.rope, kv, result,
-            want_logits=want_logits, chunk=self.prefill_chunk,
-        )  # fmt: skip
-
     @property
-    def one_pass_forward(self) -> ForwardAt | None:
-        """``forward_at`` for splices when ``one_pass`` is on (see ``run_executor``)."""
-        return self.forward_at if self.one_pass else None
+    def splicer(self) -> Splicer:
+        """What edits need of this engine, as it is configured now (``edit_paths``)."""
+        in_place = self.edits_in_place and self.can_edit_in_place
+        return Splicer(self.forwards, self.layout, self.rope, self.splice_refusal, in_place)
 
     def encode(self, text: str) -> tuple[int, ...]:
         """Text to token ids, no special tokens added (the one tokenizer path)."""

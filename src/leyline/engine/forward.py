@@ -1,20 +1,20 @@
-"""Model forward over the engine's KV, writing new entries into preallocated buffers.
+"""Model forwards over the engine's KV buffers, written in place instead of concatenated.
 
-The engine keeps KV as ``KVCache`` (a tuple over layers of ``(keys, values)``, the prefix
-cache's format). transformers' ``DynamicLayer`` concatenates on every update: a decode step
-at 4k tokens copies the whole cache, a chunked prefill copies it once per chunk. Here a
-``BufferedLayer`` writes each new entry into a buffer sized for the final length instead,
-and hands the model views of what is filled.
+The engine keeps KV as ``KVCache`` (per layer, ``(keys, values)`` views of the start of
+buffers sized for the final length). transformers' ``DynamicLayer`` concatenates on every
+update; the two layers here write into those buffers instead: :class:`BufferedLayer` after
+the filled positions, :class:`PlacedLayer` at any positions of filled buffers.
 
-Buffers belong to the operation that allocates them (a prefill, a splice, a generation);
-the KV a session already holds is only ever read, so a failed operation leaves it bitwise
-unchanged.
+Every forward is :func:`run_chunks`: tokens at given positions, chunk by chunk, a
+scheduler free to run other work between chunks. A buffer belongs to the operation that
+allocated it; a session's own KV is only read, so a failed operation leaves it unchanged.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -29,9 +29,14 @@ DEFAULT_PREFILL_CHUNK = 512
 KVBuffers = list[list[torch.Tensor]]
 """Per layer, per slot: a tensor ``[..., capacity, dim]``; filled up to some length."""
 
+QUERY_RUNS_KWARG = "leyline_query_runs"
+"""The model-forward keyword that tells the engine's attention (``attention``) where each
+run of consecutive query positions ends, so it reads only the keys each run can see."""
+
 
 class BufferedLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # unannotated __init_subclass__
-    """A cache layer whose ``update`` writes into a fixed-capacity buffer, in place."""
+    """A cache layer whose ``update`` writes after its ``length`` filled positions, in place,
+    and shows the model everything filled so far. ``slots`` None: allocated on first use."""
 
     def __init__(self, slots: list[torch.Tensor] | None, length: int, capacity: int) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # transformers' is unannotated
@@ -66,6 +71,26 @@ class BufferedLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # unannotat
         return self.keys, self.values
 
 
+class PlacedLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # unannotated __init_subclass__
+    """A cache layer over buffers already holding every position up to ``total``: ``update``
+    writes the new entries at ``index`` (any positions, in place) and hands the model all
+    ``total`` positions; the attention mask says which of them each query sees."""
+
+    def __init__(self, slots: list[torch.Tensor], index: torch.Tensor, total: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # transformers' is unannotated
+        self.slots, self.index = slots, index
+        self.is_initialized, self.device = True, slots[0].device
+        keys, values = (t[..., :total, :] for t in slots)
+        self.keys, self.values, self.whole = keys, values, (keys, values)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        for slot, new in zip(self.slots, (key_states, value_states), strict=True):
+            slot.index_copy_(slot.dim() - 2, self.index, new.to(slot.dtype))
+        return self.whole
+
+
 def kv_length(kv: KVCache) -> int:
     return 0 if not kv else int(kv[0][0].shape[-2])
 
@@ -96,6 +121,60 @@ def filled(buffers: KVBuffers, length: int) -> KVCache:
     return tuple(tuple(t[..., :length, :] for t in layer) for layer in buffers)
 
 
+Chunk = tuple[DynamicCache, torch.Tensor | None, dict[str, object]]
+"""What one chunk of a forward runs with: its cache, its attention mask (None: the model's
+causal one) and extra model-forward keywords."""
+
+PrepareChunk = Callable[[int, int, torch.Tensor], Chunk]
+"""The :data:`Chunk` for tokens ``[lo, hi)`` of a forward, given their position tensor."""
+
+
+@torch.no_grad()
+def run_chunks(
+    model: PreTrainedModel,
+    tokens: Sequence[int],
+    positions: Sequence[int],
+    prepare: PrepareChunk,
+    *,
+    chunk: int = DEFAULT_PREFILL_CHUNK,
+) -> torch.Tensor:
+    """Run ``tokens`` at ``positions``, ``chunk`` at a time, each chunk with the cache and
+    mask ``prepare`` gives it; the scheduler may run other work between chunks
+    (``yield_points``). Returns the last token's fp32 next-token logits."""
+    device = model.device
+    logits: torch.Tensor | None = None
+    for lo in range(0, len(tokens), chunk):
+        if lo:
+            chunk_boundary()
+        hi = min(lo + chunk, len(tokens))
+        pos = torch.tensor(list(positions[lo:hi]), dtype=torch.long, device=device)
+        ids = torch.tensor([list(tokens[lo:hi])], dtype=torch.long, device=device)
+        cache, mask, extra = prepare(lo, hi, pos)
+        out = model(
+            input_ids=ids,
+            position_ids=pos.unsqueeze(0),
+            attention_mask=mask,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **extra,
+        )
+        logits = out.logits[0, -1]
+    assert logits is not None
+    return logits.float()
+
+
+def appending(buffers: KVBuffers, length: int, capacity: int) -> tuple[DynamicCache, PrepareChunk]:
+    """One cache of :class:`BufferedLayer` for every chunk of a forward that appends after
+    ``length`` (``buffers`` empty: allocated for ``capacity`` positions on first use)."""
+    cache = DynamicCache()
+    if buffers:
+        cache.layers.extend(BufferedLayer(slots, length, capacity) for slots in buffers)
+    else:  # created by the model on first use, one per layer
+        cache.layer_class_to_replicate = lambda: BufferedLayer(None, length, capacity)  # type: ignore[assignment]
+    return cache, lambda lo, hi, pos: (cache, None, {})
+
+
 @torch.no_grad()
 def forward_into(
     model: PreTrainedModel,
@@ -120,50 +199,12 @@ def forward_into(
         if stepped is not None:
             return stepped[0]
     cap = capacity if capacity is not None else length + len(tokens)
-    layers = [BufferedLayer(slots, length, cap) for slots in buffers]
-    cache = DynamicCache()
-    if layers:
-        cache.layers.extend(layers)
-    else:  # created by the model on first use, one per layer
-        cache.layer_class_to_replicate = lambda: BufferedLayer(None, length, cap)  # type: ignore[assignment]
-    device = model.device
-    logits: torch.Tensor | None = None
-    for lo in range(0, len(tokens), chunk):
-        if lo:
-            chunk_boundary()  # a scheduler may run other work here (``yield_points``)
-        ids = torch.tensor([list(tokens[lo : lo + chunk])], dtype=torch.long, device=device)
-        pos = torch.arange(length + lo, length + lo + ids.shape[1], device=device).unsqueeze(0)
-        out = model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[0, -1]
+    cache, prepare = appending(buffers, length, cap)
+    positions = range(length, length + len(tokens))
+    logits = run_chunks(model, tokens, positions, prepare, chunk=chunk)
     if not buffers:
         buffers.extend(layer.slots for layer in cache.layers)  # type: ignore[union-attr]
-    assert logits is not None
-    return logits.float()
-
-
-class PlacedLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # unannotated __init_subclass__
-    """A cache layer over buffers already holding every position up to ``total``: ``update``
-    writes the new entries at ``index`` (any positions, in place) and hands the model all
-    ``total`` positions; the attention mask says which of them each query sees."""
-
-    def __init__(self, slots: list[torch.Tensor], index: torch.Tensor, total: int) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # transformers' is unannotated
-        self.slots, self.index = slots, index
-        self.is_initialized, self.device = True, slots[0].device
-        keys, values = (t[..., :total, :] for t in slots)
-        self.keys, self.values, self.whole = keys, values, (keys, values)
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        for slot, new in zip(self.slots, (key_states, value_states), strict=True):
-            slot.index_copy_(slot.dim() - 2, self.index, new.to(slot.dtype))
-        return self.whole
-
-
-QUERY_RUNS_KWARG = "leyline_query_runs"
-"""The model-forward keyword that tells the engine's attention (``attention``) where each
-run of consecutive query positions ends, so it reads only the keys each run can see."""
+    return logits
 
 
 def query_runs(positions: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
@@ -190,55 +231,46 @@ def causal_mask_at(
     return mask[None, None]
 
 
-@torch.no_grad()
 def forward_at(
     model: PreTrainedModel,
     buffers: KVBuffers,
     positions: Sequence[int],
     tokens: Sequence[int],
-    total: int,
+    total: int | None = None,
     *,
     chunk: int = DEFAULT_PREFILL_CHUNK,
+    by_runs: bool = True,
 ) -> torch.Tensor:
     """Run ``tokens`` at ``positions`` (strictly increasing, any gaps) of buffers that hold
-    the other positions of ``[0, total)`` already; their KV is written in place. Each token
-    attends to every position up to its own, exactly as if the sequence had been prefilled
-    in order, so runs scattered over a spliced sequence (a replacement and the last token,
-    say) cost one pass over the weights instead of one each. Returns the last token's fp32
-    next-token logits.
+    the other positions of ``[0, total)`` already (default: the buffers' capacity); their
+    KV is written in place. Each token attends to every position up to its own, exactly as
+    if the sequence had been prefilled in order: runs scattered over a spliced sequence cost
+    one pass over the weights instead of one each. Returns the last token's fp32 logits.
+
+    ``by_runs``: the attention reads only the keys each run of consecutive positions sees
+    (``QUERY_RUNS_KWARG``); False: one masked attention over them all (selective recompute).
     """
     if not tokens or len(tokens) != len(positions):
         raise ValueError(f"{len(tokens)} tokens for {len(positions)} positions")
-    if any(b <= a for a, b in itertools.pairwise(positions)) or positions[-1] >= total:
-        raise ValueError(f"positions must increase and stay below {total}")
-    device = model.device
+    end = int(buffers[0][0].shape[-2]) if total is None else total
+    increasing = all(b > a for a, b in itertools.pairwise(positions))
+    if not increasing or positions[0] < 0 or positions[-1] >= end:
+        raise ValueError(f"positions must increase from 0 and stay below {end}")
     dtype = buffers[0][0].dtype
-    logits: torch.Tensor | None = None
-    for lo in range(0, len(tokens), chunk):
-        if lo:
-            chunk_boundary()
-        pos = torch.tensor(list(positions[lo : lo + chunk]), dtype=torch.long, device=device)
-        ids = torch.tensor([list(tokens[lo : lo + chunk])], dtype=torch.long, device=device)
+
+    def prepare(lo: int, hi: int, pos: torch.Tensor) -> Chunk:
         # The chunk's queries see nothing past its last position; the slots there may belong
         # to later chunks, not written yet: uninitialised memory (NaN poisons even a masked
         # score), so they are never read.
-        seen = positions[min(lo + chunk, len(positions)) - 1] + 1
+        seen = positions[hi - 1] + 1
         cache = DynamicCache()
         cache.layers.extend(PlacedLayer(slots, pos, seen) for slots in buffers)
-        mask = causal_mask_at(pos, seen, dtype, device)
-        chunk_positions = positions[lo : lo + chunk]
-        out = model(
-            input_ids=ids,
-            position_ids=pos.unsqueeze(0),
-            attention_mask=mask,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            **{QUERY_RUNS_KWARG: query_runs(chunk_positions)},
+        runs: dict[str, object] = (
+            {QUERY_RUNS_KWARG: query_runs(positions[lo:hi])} if by_runs else {}
         )
-        logits = out.logits[0, -1]
-    assert logits is not None
-    return logits.float()
+        return cache, causal_mask_at(pos, seen, dtype, pos.device), runs
+
+    return run_chunks(model, tokens, positions, prepare, chunk=chunk)
 
 
 def forward_tokens(
@@ -260,6 +292,39 @@ def forward_tokens(
     buffers = buffers_holding(kv, total + reserve)
     logits = forward_into(model, buffers, length, tokens, capacity=total + reserve, chunk=chunk)
     return filled(buffers, total), logits
+
+
+@dataclass(frozen=True, slots=True)
+class Forwards:
+    """The model's forwards over KV buffers at the engine's prefill chunk: what an edit runs
+    tokens with (the engine owns one; ``Engine.forwards``)."""
+
+    model: PreTrainedModel
+    chunk: int = DEFAULT_PREFILL_CHUNK
+
+    def tokens(
+        self, kv: KVCache, tokens: Sequence[int], *, reserve: int = 0
+    ) -> tuple[KVCache, torch.Tensor]:
+        """:func:`forward_tokens`: new KV of ``kv`` + ``tokens`` and next-token logits."""
+        return forward_tokens(self.model, kv, tokens, chunk=self.chunk, reserve=reserve)
+
+    def into(self, buffers: KVBuffers, length: int, tokens: Sequence[int]) -> torch.Tensor:
+        """:func:`forward_into`: ``tokens`` prefilled in place after ``length`` positions."""
+        return forward_into(self.model, buffers, length, tokens, chunk=self.chunk)
+
+    def at(
+        self,
+        buffers: KVBuffers,
+        positions: Sequence[int],
+        tokens: Sequence[int],
+        total: int | None = None,
+        *,
+        by_runs: bool = True,
+    ) -> torch.Tensor:
+        """:func:`forward_at`: ``tokens`` at scattered ``positions`` of filled buffers."""
+        return forward_at(
+            self.model, buffers, positions, tokens, total, chunk=self.chunk, by_runs=by_runs
+        )
 
 
 @torch.no_grad()

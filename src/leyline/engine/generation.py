@@ -16,16 +16,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from leyline.core.turns import FinishReason, SamplingParams, TokenChoice
 from leyline.engine.forward import KVBuffers, buffers_holding, filled
 from leyline.engine.kv.buffer_views import has_room, resized
-from leyline.engine.reports import TokenChoice
-from leyline.engine.sampling import (
-    FinishReason,
-    SamplingParams,
-    choose_token,
-    find_stop,
-    token_logprobs,
-)
+from leyline.engine.sampling import choose_token, find_stop, token_logprobs, torch_generator
 from leyline.engine.session_state import SessionState
 from leyline.protocol.errors import ErrorCode, LeylineError
 
@@ -95,7 +89,7 @@ class Decoder:
             self.buffers = [[resized(t, need) for t in layer] for layer in state.kv]
         else:
             self.buffers = buffers_holding(state.kv, need)
-        self.generator = params.generator()
+        self.generator = torch_generator(params)
         self.logits: torch.Tensor = state.logits
         self.length = n0
         self.out: list[int] = []

@@ -1,29 +1,20 @@
-"""Two partial forwards over the engine's KV buffers, for COMPOSE's selective recompute.
+"""A forward that stops after one decoder layer, for COMPOSE's deviation recompute.
 
-* :func:`forward_through` prefills tokens in place, as ``forward.forward_into`` does, but
-  stops after one decoder layer: the buffers of the later layers are left untouched.
-* :func:`forward_scattered` runs tokens at increasing but not necessarily contiguous
-  positions of a buffer already filled around them. At every layer their new KV is written
-  at their own positions, then each query attends to every buffered position up to its own
-  (a causal mask by position, not by query index). It is a chunked prefill of the same
-  tokens in a sequence whose other positions are given as cached KV.
-
-Both only write the positions they compute. They take the model's decoder layers from
-``get_decoder().layers`` (:func:`decoder_layers`); a model without them has neither.
+:func:`forward_through` prefills tokens in place, as ``forward.forward_into`` does, through
+the first layers only: the buffers of the later layers are left untouched. It takes the
+model's decoder layers from ``get_decoder().layers`` (:func:`decoder_layers`).
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Sequence
 from contextlib import suppress
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers import PreTrainedModel
 
-from leyline.engine.forward import DEFAULT_PREFILL_CHUNK, BufferedLayer, KVBuffers
+from leyline.engine.forward import DEFAULT_PREFILL_CHUNK, KVBuffers, appending, run_chunks
 
 
 class _Stop(Exception):
@@ -41,14 +32,6 @@ def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList | None:
     return layers
 
 
-def _layers(model: PreTrainedModel) -> torch.nn.ModuleList:
-    layers = decoder_layers(model)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__}: no decoder layers found for a partial forward")
-    return layers
-
-
-@torch.no_grad()
 def forward_through(
     model: PreTrainedModel,
     buffers: KVBuffers,
@@ -67,7 +50,9 @@ def forward_through(
     """
     if not tokens:
         raise ValueError("forward_through needs at least one token")
-    layers = _layers(model)
+    layers = decoder_layers(model)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder layers found for a partial forward")
     if not 0 <= last_layer < len(layers) or len(buffers) != len(layers):
         raise ValueError(f"layer {last_layer} of {len(layers)}; {len(buffers)} buffered layers")
     caller = threading.get_ident()
@@ -82,91 +67,12 @@ def forward_through(
         else None
     )
     try:
-        capacity = int(buffers[0][0].shape[-2])
-        cache = DynamicCache()
-        cache.layers.extend(BufferedLayer(slots, length, capacity) for slots in buffers)
-        for lo in range(0, len(tokens), chunk):
-            ids = torch.tensor(
-                [list(tokens[lo : lo + chunk])], dtype=torch.long, device=model.device
-            )
-            start = length + lo
-            pos = torch.arange(start, start + ids.shape[1], device=model.device).unsqueeze(0)
+        _, prepare = appending(buffers, length, int(buffers[0][0].shape[-2]))
+        for lo in range(0, len(tokens), chunk):  # one chunk per call: the stop ends each
+            part = tokens[lo : lo + chunk]
             with suppress(_Stop):  # then layers 0..last_layer hold the chunk; the rest never ran
-                model(
-                    input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1
-                )
+                positions = range(length + lo, length + lo + len(part))
+                run_chunks(model, part, positions, prepare, chunk=chunk)
     finally:
         if hook is not None:
             hook.remove()
-
-
-class ScatterLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # unannotated __init_subclass__
-    """A cache layer that writes new entries at given positions of a filled buffer and shows
-    the model its first ``visible`` positions."""
-
-    def __init__(self, slots: list[torch.Tensor], index: torch.Tensor, visible: int) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # transformers' is unannotated
-        self.slots, self.index = slots, index
-        self.is_initialized, self.device = True, slots[0].device
-        self.shown = (slots[0][..., :visible, :], slots[1][..., :visible, :])
-        self.keys, self.values = self.shown
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        for dst, src in zip(self.slots, (key_states, value_states), strict=True):
-            dst.index_copy_(dst.dim() - 2, self.index, src.to(dst.dtype))
-        return self.shown  # views: they see what was just written
-
-
-def causal_mask(positions: torch.Tensor, visible: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask ``[1, 1, queries, visible]``: query at position p sees positions <= p."""
-    keys = torch.arange(visible, device=positions.device)
-    allowed = keys.unsqueeze(0) <= positions.unsqueeze(1)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
-
-
-@torch.no_grad()
-def forward_scattered(
-    model: PreTrainedModel,
-    buffers: KVBuffers,
-    tokens: Sequence[int],
-    positions: Sequence[int],
-    *,
-    chunk: int = DEFAULT_PREFILL_CHUNK,
-) -> torch.Tensor:
-    """Run ``tokens`` at ``positions`` (strictly increasing) of ``buffers``, whose other
-    positions up to the last one hold KV already; every layer's entries at ``positions``
-    are overwritten with the new KV. Returns the last token's fp32 next-token logits.
-
-    Chunks go in position order: a chunk's queries see earlier chunks' new KV and nothing
-    after their own positions, so chunking does not change the result.
-    """
-    if not tokens or len(tokens) != len(positions):
-        raise ValueError(f"{len(tokens)} tokens at {len(positions)} positions")
-    if any(b <= a for a, b in itertools.pairwise(positions)) or positions[0] < 0:
-        raise ValueError("positions must be non-negative and strictly increasing")
-    capacity = int(buffers[0][0].shape[-2])
-    if positions[-1] >= capacity:
-        raise ValueError(f"position {positions[-1]} is outside the {capacity}-position buffer")
-    device = model.device
-    dtype = model.dtype  # the attention scores' dtype
-    logits: torch.Tensor | None = None
-    for lo in range(0, len(tokens), chunk):
-        pos = torch.tensor(list(positions[lo : lo + chunk]), dtype=torch.long, device=device)
-        visible = int(pos[-1]) + 1
-        cache = DynamicCache()
-        cache.layers.extend(ScatterLayer(slots, pos, visible) for slots in buffers)
-        ids = torch.tensor([list(tokens[lo : lo + chunk])], dtype=torch.long, device=device)
-        out = model(
-            input_ids=ids,
-            position_ids=pos.unsqueeze(0),
-            attention_mask=causal_mask(pos, visible, dtype),
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits = out.logits[0, -1]
-    assert logits is not None
-    return logits.float()

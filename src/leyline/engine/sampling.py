@@ -2,52 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
-
 import torch
 
-FinishReason = Literal["stop", "length"]
-"""``stop`` also covers a generation cancelled by its ``on_token`` callback."""
+from leyline.core.turns import SamplingParams
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """``temperature == 0`` is greedy; otherwise softmax sampling with optional top-k/top-p.
-
-    ``stop_token_ids=None`` means the model's end-of-sequence ids. A stop token is kept in
-    the session's tokens (it is part of the rendered turn) but not in the returned text.
-    ``stop`` strings end the generation once the decoded text contains one; the text is
-    cut before it. ``logprobs=n`` reports, per generated token, its log-probability under
-    the model's distribution (before temperature and truncation) and the ``n`` most likely
-    alternatives (``0``: the chosen token's only).
-    """
-
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] | None = None
-    stop: tuple[str, ...] = field(default_factory=tuple)
-    logprobs: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
-
-    def generator(self) -> torch.Generator | None:
-        if self.seed is None:
-            return None
-        return torch.Generator().manual_seed(self.seed)
+def torch_generator(params: SamplingParams) -> torch.Generator | None:
+    """The seeded generator a sampled generation draws from (None: torch's global one)."""
+    if params.seed is None:
+        return None
+    return torch.Generator().manual_seed(params.seed)
 
 
 def choose_token(

@@ -1,10 +1,9 @@
 """SessionCache: one agent's cached sequence, edited with directives instead of re-prefilled.
 
-Operations: prefill / extend (reusing the session's own KV and the shared prefix cache),
-generate, edit batches through the protocol's algebra (splice = AMORTIZE, forget,
-erratum), and compose (a precomputed skill's KV inserted, see ``compose``). Each runs
-under the session lock, builds a new ``SessionState`` and swaps it in at the end: a
-rejected or failed batch leaves the session bitwise unchanged.
+Three kinds of work: prefill (reusing the session's own KV and the shared prefix cache),
+generation, and :meth:`SessionCache.execute` of a checked edit plan (``core.batch``; the
+``apply_*`` and ``compose`` methods only plan in front of it). Each runs under the session
+lock and swaps a new ``SessionState`` in at the end: a failed batch changes nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from leyline.core.backend import EXECUTED_VERBS
 from leyline.core.batch import (
     EditPlan,
     SessionView,
@@ -25,7 +25,8 @@ from leyline.core.batch import (
     plan_edits,
 )
 from leyline.core.lineage import Lineages
-from leyline.engine.edits.compose import plan_compose, run_batch, run_compose
+from leyline.core.turns import SamplingParams
+from leyline.engine.edits.compose import plan_compose, run_batch
 from leyline.engine.edits.edit_paths import run_edits
 from leyline.engine.edits.run_executor import slice_kv
 from leyline.engine.edits.skills import Skill
@@ -34,22 +35,12 @@ from leyline.engine.generation import Decoder, OnToken
 from leyline.engine.kv.kv_blocks import KVCache
 from leyline.engine.kv.prefix_cache import LockHandle
 from leyline.engine.reports import GenerationResult, OpReport
-from leyline.engine.sampling import SamplingParams
 from leyline.engine.session_state import SessionState
 from leyline.protocol.algebra import Edit
-from leyline.protocol.directives import (
-    Directive,
-    Mode,
-    Recompute,
-    RecomputeAttention,
-    RecomputeDeviation,
-    Verb,
-)
+from leyline.protocol.directives import Directive, Mode, Recompute
 from leyline.protocol.envelope import Path
 from leyline.protocol.errors import ErrorCode, LeylineError
 from leyline.protocol.spans import MessageSpan
-
-EXECUTED_VERBS = (Verb.splice, Verb.forget, Verb.erratum)
 
 RunPlan = Callable[[SessionState], tuple[SessionState, OpReport]]
 """A plan's execution on a complete state: the new state (revision, spans set by the
@@ -334,30 +325,22 @@ class SessionCache:
             SpliceUnsupportedError: the splice cannot run exactly and ``allow_fallback`` is
                 false; nothing changed.
         """
-        if plan.composes:
-            blocks = dict(skills or {})
-            missing = [c.index for c in plan.composes if c.index not in blocks]
-            if missing:
-                raise ValueError(f"no compiled skill for the composes at {missing}")
+        blocks = dict(skills or {})
+        missing = [c.index for c in plan.composes if c.index not in blocks]
+        if missing:
+            raise ValueError(f"no compiled skill for the composes at {missing}")
 
-            def run_with_skills(state: SessionState) -> tuple[SessionState, OpReport]:
+        def run(state: SessionState) -> tuple[SessionState, OpReport]:
+            if plan.composes:
                 return run_batch(
                     self.engine, state, plan, blocks,
                     allow_fallback=allow_fallback, want_logits=want_logits,
                     final_tokens=final_tokens,
                 )  # fmt: skip
-
-            return self._execute(plan, run_with_skills)
-
-        def run(state: SessionState) -> tuple[SessionState, OpReport]:
             return run_edits(
-                self.engine,
-                state,
-                plan.result,
-                forget=plan.forget_from is not None,
-                allow_fallback=allow_fallback,
-                want_logits=want_logits,
-            )
+                self.engine.splicer, state, plan.result, forget=plan.forget_from is not None,
+                allow_fallback=allow_fallback, want_logits=want_logits,
+            )  # fmt: skip
 
         return self._execute(plan, run)
 
@@ -374,52 +357,20 @@ class SessionCache:
         recompute: Recompute | None = None,
         final_tokens: Sequence[int] | None = None,
     ) -> OpReport:
-        """Insert ``skill``'s precomputed KV at token position ``at`` (see ``compose``):
-        its first ``seam_tokens`` tokens prefilled against ``tokens[:at]``, the rest copied
-        with keys rotated by ``at``, the tokens from ``at`` on shifted as a splice shifts
-        them. ``recompute_ratio``: also recompute that fraction of the copied tokens, those
-        whose KV deviates most in context (``recompute``); ``recompute``: any mode instead
-        (``{"mode": "attention"}`` ranks by the attention of the tokens after the block in
-        ``final_tokens``, the sequence the caller goes on to, or in the new revision).
-        All-or-nothing; revision + 1.
-
-        Raises:
-            LeylineError: ``invalid_span`` for ``at`` outside the session,
-                ``invalid_directive`` for a ratio outside (0, 1], ``skill_mismatch`` for a
-                skill of another model, ``unsupported_option`` for a mode the model cannot
-                run, any splice rule.
-            SpliceUnsupportedError: see :meth:`execute`.
-        """
-        if recompute_ratio is not None and recompute is not None:
-            raise ValueError("give recompute_ratio or recompute, not both")
-        if isinstance(recompute, RecomputeDeviation | RecomputeAttention):
-            recompute_ratio = recompute.ratio  # the plan checks it as any ratio
+        """Insert ``skill``'s precomputed KV at token position ``at``: a one-compose batch
+        (``compose.plan_compose``) through :meth:`execute`. ``recompute_ratio``: a deviation
+        recompute of that fraction of the copied tokens; ``recompute``: any mode instead."""
         with self._lock:
             plan = plan_compose(
-                self.view,
-                skill,
-                at,
-                seam_tokens,
-                limits=self.engine.limits,
-                vocab_size=self.engine.vocab_size,
-                base_revision=base_revision,
-                recompute_ratio=recompute_ratio,
-            )
-
-            def run(state: SessionState) -> tuple[SessionState, OpReport]:
-                return run_compose(
-                    self.engine,
-                    state,
-                    plan,
-                    skill,
-                    seam_tokens,
-                    allow_fallback=allow_fallback,
-                    want_logits=want_logits,
-                    recompute=recompute or _deviation(recompute_ratio),
-                    final_tokens=final_tokens,
-                )
-
-            return self._execute(plan, run)
+                self.view, skill, at, seam_tokens,
+                limits=self.engine.limits, vocab_size=self.engine.vocab_size,
+                base_revision=base_revision, recompute_ratio=recompute_ratio,
+                recompute=recompute,
+            )  # fmt: skip
+            return self.execute(
+                plan, allow_fallback=allow_fallback, want_logits=want_logits,
+                skills={0: skill}, final_tokens=final_tokens,
+            )  # fmt: skip
 
     def _execute(self, plan: EditPlan, run: RunPlan) -> OpReport:
         """Run ``plan`` on the complete state and swap the result in (revision + 1)."""
@@ -536,8 +487,3 @@ class PendingGeneration:
     prefill: OpReport
     """How the context was brought up to date before the first token."""
     started: float
-
-
-def _deviation(ratio: float | None) -> RecomputeDeviation | None:
-    """``recompute_ratio``'s mode (checked by the plan before it is built)."""
-    return None if ratio is None else RecomputeDeviation(mode="deviation", ratio=ratio)

@@ -22,11 +22,16 @@ import torch
 
 from leyline.engine.edits.in_place_edit import _move_keys
 from leyline.engine.engine import Engine
-from leyline.engine.kv.allocator import retain_freed_memory
 from leyline.engine.rope import rotate_many_into
 from leyline.engine.session import SessionCache
+from leyline.evals.bench_common import (
+    document,
+    engine_bench_args,
+    start_engine_bench,
+    stub_tokens,
+    timed_edit,
+)
 from leyline.evals.bench_linear_kernel import DTYPES, Arm, interleaved
-from leyline.evals.bench_splice import document, stub_tokens, timed_edit
 from leyline.protocol.algebra import Edit, Run
 from leyline.protocol.directives import Mode
 
@@ -72,23 +77,13 @@ def bench_context(engine: Engine, n: int, runs: int, span: int) -> dict[str, flo
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[int, dict[str, float]]]:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    p.add_argument("--model", default="smollm2", help="smollm2, tiny-mla-v2/v3, .gguf, HF dir")
-    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
-    p.add_argument("--contexts", type=int, nargs="+", default=[4096, 8192])
-    p.add_argument("--span", type=int, default=300, help="tokens replaced by the 16-token stub")
-    p.add_argument("--runs", type=int, default=7, help="rounds of every arm (medians)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads")
-    p.add_argument("--quick", action="store_true", help="smoke run: 512 tokens, 2 runs")
-    args = p.parse_args(argv)
+    def span(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--span", type=int, default=300, help="tokens replaced by the 16-token stub")
+
+    args = engine_bench_args(__doc__ or "", [4096, 8192], 7, span).parse_args(argv)
     if args.quick:
         args.contexts, args.runs, args.span = [512], 2, 100
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    retain_freed_memory()
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {args.model}")
+    start_engine_bench(args)
     out: dict[str, dict[int, dict[str, float]]] = {}
     for name in args.dtypes:
         engine = Engine.load(args.model, dtype=DTYPES[name])

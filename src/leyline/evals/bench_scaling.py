@@ -37,16 +37,9 @@ import torch
 from leyline.engine.engine import Engine
 from leyline.engine.kv.allocator import retain_freed_memory
 from leyline.engine.session import SessionCache
-from leyline.evals.bench_splice import (
-    DTYPES,
-    Bandwidth,
-    document,
-    key_bytes_per_token,
-    kl,
-    measure_bandwidth,
-    stub_tokens,
-    timed_edit,
-)
+from leyline.evals.bench_common import document, kl, stub_tokens, timed_edit
+from leyline.evals.bench_floors import Bandwidth, key_bytes_per_token, measure_bandwidth
+from leyline.evals.bench_splice import DTYPES
 from leyline.evals.common import Report, markdown_table, progress, results_dir
 from leyline.protocol.algebra import Edit
 from leyline.protocol.capabilities import Limits

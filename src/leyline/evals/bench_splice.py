@@ -1,40 +1,10 @@
 """Splice vs re-prefill on the reference engine: latency, rotation throughput, peak memory.
 
-For each context length: a ~``--span``-token span at ``--edit-at`` of the context is
-replaced by a ``--stub``-token stub (AMORTIZE splice), against re-prefilling everything
-from the edit (the engine's FORGET path: same new tokens, prefix KV kept). A delete-only
-splice (empty replacement) compares like for like with engines that delete and shift
-(llama.cpp's ``seq_rm`` + ``seq_add``). All arms run interleaved in one process, each on a
-fork of the same prefilled session, so machine noise hits them alike, and each round starts
-one arm later than the one before, so no arm always runs after the same one; figures are
-medians.
-
-``splice`` is the cache edit alone; ``+logits`` also returns the next-token logits (the last
-token is run again in the new context, ``want_logits=True``), which re-prefill delivers too:
-in one masked pass with the replacement (the engine's default), and, as ``2-pass``, run by
-run (the replacement's prefill, then the last token's forward: the weights stream twice).
-Every arm edits in place where the model can (``in_place_edit``, inside a private copy of
-the session's KV made before the clock starts: no second KV at the peak, see the memory
-line), the engine's default since 2026-12-04. So ``in_place`` runs the same splice with
-logits as ``+logits``, later in each round: the gap between the two columns is the noise
-between two samples of one arm.
-
-``floor`` is what a splice with logits cannot beat on this machine: the model's weight bytes
-over the measured read bandwidth (a forward of a few tokens streams every weight once) plus
-the rotated keys' bytes over the measured copy bandwidth (read once, written once).
-``cfloor`` replaces the weight stream by the measured time of the model's linear layers on
-the pass's rows (stub + the last token) where that is longer: with few cores the matrix
-products of 17 rows are compute-bound and do not hide behind the weight stream.
-``pfloor`` does the same with the pass's matrix-product FLOPs at the best rate this machine
-reaches on a large square product (2048^3 in the model's dtype): no kernel for 17 rows does
-better, so where ``pfloor`` exceeds 1.5x ``floor`` the issue's "within 1.5x of the floor"
-cannot be met here by any software (printed per context as ``target``).
-``kvfloor`` adds the bytes the floor leaves out but an exact splice with logits must still
-move: the last token's query reads every key and value of the new context once (read
-bandwidth), and this contiguous cache moves the downstream values beside the rotated keys
-(copy bandwidth). A paged cache would leave the values in place; no cache skips the read.
-Where ``kvfloor`` exceeds 1.5x ``floor`` the target is out of reach of this design by memory
-traffic alone, whatever the arithmetic and the glue cost.
+For each context length a span is replaced by a stub (AMORTIZE splice), against
+re-prefilling everything from the edit; a delete-only splice compares with engines that
+delete and shift (llama.cpp). Arms run interleaved on forks of one prefilled session,
+medians reported; ``floor``, ``cfloor``, ``pfloor`` and ``kvfloor`` are the bounds of
+``bench_floors``. The columns and how to read them: docs/perf.md.
 
 Run: ``.venv/bin/python -m leyline.evals.bench_splice`` (``--quick`` for a smoke run).
 """
@@ -48,23 +18,31 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
-from leyline.engine.cpu.packed_linear import PackedLinear, linear_weight_bytes
 from leyline.engine.engine import Engine
 from leyline.engine.kv.allocator import retain_freed_memory
 from leyline.engine.kv.kv_blocks import kv_nbytes
 from leyline.engine.rope import rotate_many_into
 from leyline.engine.session import SessionCache
+from leyline.evals.bench_common import (
+    RssSampler,
+    document,
+    interleaved_medians,
+    kl,
+    stub_tokens,
+    timed_edit,
+)
+from leyline.evals.bench_floors import GEMM_SIZE, Bandwidth, key_bytes_per_token, measure_bandwidth
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 
-STUB_TEXT = " [tool output elided: 300 tokens of a directory listing, no longer needed] "
+__all__ = ["document", "interleaved_medians", "main", "stub_tokens", "timed_edit"]
+"""Also imported by the other benchmarks (from ``bench_common``)."""
 
 
 @dataclass
@@ -76,7 +54,6 @@ class ContextRow:
     prefill_s: float
     splice_ms: float
     splice_logits_ms: float
-    splice_logits_2pass_ms: float
     splice_logits_in_place_ms: float
     floor_ms: float
     compute_floor_ms: float
@@ -122,187 +99,6 @@ class ContextRow:
         return self.splice_logits_ms / self.compute_floor_ms
 
 
-@dataclass(frozen=True)
-class Bandwidth:
-    """Measured on this machine, medians of interleaved runs (GB/s, ms)."""
-
-    weight_bytes: int
-    read_GBps: float
-    """Summing an fp32 buffer the size of the weights: how fast a forward can stream them
-    (in fp32 whatever the weights' dtype: a bf16 sum measures arithmetic, not memory)."""
-    copy_GBps: float
-    """Copying a buffer the size of the weights (bytes copied per second)."""
-    linear_rows: int
-    linear_ms: float
-    """Every linear layer of the model on ``linear_rows`` rows (the output head on one):
-    what a splice's one pass spends in matrix products at this thread count, which the
-    bandwidth floor assumes hidden behind the weight stream."""
-    linear_flops: int = 0
-    """FLOPs of those products (2 x rows x weights, the head on one row)."""
-    gemm_GFLOPs: float = 0.0
-    """The best matrix-product rate measured here: a 2048^3 product in the model's dtype."""
-
-    def floor_ms(self, rotated_bytes: int) -> float:
-        return (self.weight_bytes / self.read_GBps + rotated_bytes / self.copy_GBps) / 1e6
-
-    def compute_floor_ms(self, rotated_bytes: int) -> float:
-        """The floor with the matrix products' measured time when they take longer than
-        streaming the weights."""
-        stream = self.weight_bytes / self.read_GBps / 1e6
-        return max(stream, self.linear_ms) + rotated_bytes / self.copy_GBps / 1e6
-
-    def peak_compute_floor_ms(self, rotated_bytes: int) -> float:
-        """The floor with the products at the machine's best matrix-product rate: what no
-        kernel for few rows can beat (0 when the rate was not measured)."""
-        if not self.gemm_GFLOPs:
-            return 0.0
-        stream = self.weight_bytes / self.read_GBps / 1e6
-        products = self.linear_flops / self.gemm_GFLOPs / 1e6
-        return max(stream, products) + rotated_bytes / self.copy_GBps / 1e6
-
-    def kv_floor_ms(self, rotated_bytes: int, attended_bytes: int, moved_bytes: int) -> float:
-        """The floor plus the KV traffic it leaves out: ``attended_bytes`` read once (the last
-        query over the new context) and ``moved_bytes`` copied (what moves unrotated)."""
-        extra = attended_bytes / self.read_GBps + moved_bytes / self.copy_GBps
-        return self.floor_ms(rotated_bytes) + extra / 1e6
-
-
-def linear_layers(engine: Engine, rows: int) -> Callable[[], object]:
-    """One call of every linear layer of the model on ``rows`` random rows (the output head
-    on one row, as ``logits_to_keep=1`` runs it), through the modules the engine runs: on
-    oneDNN's packed weights where it packed them (``packed_linear``)."""
-    head = engine.model.get_output_embeddings()
-    calls = []
-    for module in engine.model.modules():
-        if isinstance(module, torch.nn.Linear | PackedLinear):
-            n = 1 if module is head else rows
-            dtype = module.dtype if isinstance(module, PackedLinear) else module.weight.dtype
-            calls.append((module, torch.randn(1, n, module.in_features, dtype=dtype)))
-
-    def run() -> None:
-        with torch.no_grad():
-            for module, x in calls:
-                module(x)
-
-    return run
-
-
-GEMM_SIZE = 2048
-
-
-def linear_flops(engine: Engine, rows: int) -> int:
-    """FLOPs of every linear layer on ``rows`` rows, the output head on one."""
-    head = engine.model.get_output_embeddings()
-    return sum(
-        2 * (1 if m is head else rows) * m.in_features * m.out_features
-        for m in engine.model.modules()
-        if isinstance(m, torch.nn.Linear | PackedLinear)
-    )
-
-
-def measure_bandwidth(engine: Engine, runs: int, rows: int) -> Bandwidth:
-    nbytes = linear_weight_bytes(engine.model)
-    src = torch.empty(nbytes // 4, dtype=torch.float32).uniform_()
-    dst = torch.empty_like(src)
-    a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE).to(engine.model.dtype) for _ in range(2))
-    arms: dict[str, Callable[[], object]] = {
-        "read": src.sum,
-        "copy": lambda: dst.copy_(src),
-        "linear": linear_layers(engine, rows),
-        "gemm": lambda: a @ b,
-    }
-    med = interleaved_medians(arms, runs)
-    return Bandwidth(
-        nbytes, nbytes / med["read"] / 1e6, nbytes / med["copy"] / 1e6, rows, med["linear"],
-        linear_flops(engine, rows), 2 * GEMM_SIZE**3 / med["gemm"] / 1e6,
-    )  # fmt: skip
-
-
-def key_bytes_per_token(engine: Engine, kv: tuple) -> int:  # type: ignore[type-arg]
-    """Bytes of one token's keys (the rotated slot) over all layers."""
-    if engine.layout is None or not kv:
-        return 0
-    n = kv[0][engine.layout.slot].shape[-2]
-    return sum(
-        layer[engine.layout.slot].numel() * layer[engine.layout.slot].element_size() for layer in kv
-    ) // max(n, 1)
-
-
-def document(engine: Engine, n: int) -> list[int]:
-    """``n`` tokens of an agent transcript-like text (random ids for tokenizer-less models)."""
-    if engine.tokenizer is None:
-        g = torch.Generator().manual_seed(0)
-        return torch.randint(3, engine.vocab_size, (n,), generator=g).tolist()
-    parts, tokens, i = [], [], 0
-    while len(tokens) < n:
-        parts.append(
-            f"Step {i}: the agent ran `grep -n value_{i} src/module_{i % 7}.py` and got line "
-            f"{i * 13 % 97}: value_{i} = compute(value_{i - 1}, {i * 7 % 11}). It then noted "
-            f"that module_{i % 7} depends on module_{(i + 3) % 7}.\n"
-        )
-        i += 1
-        if i % 16 == 0:
-            tokens = list(engine.encode("".join(parts)))
-    return tokens[:n]
-
-
-def stub_tokens(engine: Engine, n: int) -> tuple[int, ...]:
-    if engine.tokenizer is None:
-        return tuple(range(5, 5 + n))
-    base = engine.encode(STUB_TEXT)
-    return tuple((base * (n // len(base) + 1))[:n])
-
-
-def timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
-
-
-def interleaved_medians(arms: Mapping[str, Callable[[], object]], runs: int) -> dict[str, float]:
-    """Median milliseconds of each arm: every arm run once to warm up, then ``runs`` rounds
-    of all arms in turn, so that machine noise hits them alike."""
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    for fn in arms.values():
-        fn()
-    for _ in range(runs):
-        for name, fn in arms.items():
-            times[name].append(timed(fn))
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
-def kl(p: torch.Tensor, q: torch.Tensor) -> float:
-    lp, lq = torch.log_softmax(p.double(), -1), torch.log_softmax(q.double(), -1)
-    return float((lp.exp() * (lp - lq)).sum())
-
-
-def timed_edit(
-    base: SessionCache,
-    edit: Edit,
-    *,
-    want_logits: bool = False,
-    one_pass: bool = True,
-    in_place: bool | None = None,
-) -> tuple[float, torch.Tensor]:
-    """Milliseconds to apply ``edit`` to a fork of ``base`` (the fork's next-token logits are
-    computed after the clock stops), and those logits; ``one_pass=False`` times the 2-pass
-    splice (the replacement's prefill, then the last token's forward). ``in_place``: None
-    runs the engine's default path; True edits inside the fork's own copy of the KV (made
-    before the clock starts, ``in_place_edit``) where the model can; False by copy."""
-    engine = base.engine
-    was = engine.edits_in_place
-    path = was if in_place is None else in_place and engine.can_edit_in_place
-    fork = base.fork(copy_kv=path)
-    engine.one_pass, engine.edits_in_place = one_pass, path
-    try:
-        ms = timed(lambda: fork.apply_edits([edit], want_logits=want_logits))
-        return ms, fork.next_token_logits()
-    finally:
-        engine.one_pass, engine.edits_in_place = True, was
-        fork.release()
-        gc.collect()
-
-
 def bench_context(
     engine: Engine, n: int, args: argparse.Namespace, bandwidth: Bandwidth
 ) -> ContextRow:
@@ -319,7 +115,6 @@ def bench_context(
         for k in (
             "splice",
             "splice_logits",
-            "splice_logits_2pass",
             "splice_logits_in_place",
             "reprefill",
             "delete",
@@ -329,16 +124,8 @@ def bench_context(
     }
     kls: list[float] = []
 
-    def run(
-        edit: Edit,
-        name: str,
-        want_logits: bool = False,
-        one_pass: bool = True,
-        in_place: bool = True,
-    ) -> torch.Tensor:
-        ms, logits = timed_edit(
-            base, edit, want_logits=want_logits, one_pass=one_pass, in_place=in_place
-        )
+    def run(edit: Edit, name: str, want_logits: bool = False) -> torch.Tensor:
+        ms, logits = timed_edit(base, edit, want_logits=want_logits, in_place=True)
         arms[name].append(ms)
         return logits
 
@@ -347,7 +134,6 @@ def bench_context(
     steps: dict[str, Callable[[], torch.Tensor]] = {
         "splice": lambda: run(splice, "splice"),
         "splice_logits": lambda: run(splice, "splice_logits", want_logits=True),
-        "splice_logits_2pass": lambda: run(splice, "splice_logits_2pass", True, one_pass=False),
         "splice_logits_in_place": lambda: run(splice, "splice_logits_in_place", True),
         "reprefill": lambda: run(forget, "reprefill"),
         "delete": lambda: run(delete, "delete"),
@@ -376,7 +162,6 @@ def bench_context(
         prefill_s,
         med["splice"],
         med["splice_logits"],
-        med["splice_logits_2pass"],
         med["splice_logits_in_place"],
         bandwidth.floor_ms(rotated),
         bandwidth.compute_floor_ms(rotated),
@@ -430,35 +215,6 @@ def bench_rotation(engine: Engine, n: int, runs: int) -> dict[str, float]:
         "rotate_alloc_ms": med["rotate_alloc"],
         "ratio_alloc": med["clone"] / med["rotate_alloc"],
     }
-
-
-class RssSampler:
-    """Peak resident memory of this process while a block runs (/proc sampled every 1 ms)."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self._stop = threading.Event()
-        self._page = os.sysconf("SC_PAGE_SIZE")
-
-    def rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * self._page
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.rss())
-            time.sleep(0.001)
-
-    def __enter__(self) -> RssSampler:
-        self.peak = self.rss()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.rss())
 
 
 def memory_child(model: str, n: int, span: int, stub: int) -> None:
@@ -580,7 +336,7 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
         f"{engine.packing.describe()}"
     )
     print(
-        "context prefill_s | splice_ms +logits_ms in_place 2-pass_ms floor_ms x_floor cfloor_ms "
+        "context prefill_s | splice_ms +logits_ms in_place floor_ms x_floor cfloor_ms "
         "x_cfloor reprefill_ms "
         "ratio ratio(+logits) | delete_ms +logits_ms reprefill_ms ratio | KL"
     )
@@ -590,7 +346,7 @@ def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
         rows.append(r)
         print(
             f"{n:7d} {r.prefill_s:9.2f} | {r.splice_ms:9.1f} {r.splice_logits_ms:9.1f} "
-            f"{r.splice_logits_in_place_ms:8.1f} {r.splice_logits_2pass_ms:9.1f} "
+            f"{r.splice_logits_in_place_ms:8.1f} "
             f"{r.floor_ms:8.1f} {r.over_floor:6.2f}x "
             f"{r.compute_floor_ms:9.1f} {r.over_compute_floor:7.2f}x "
             f"{r.reprefill_ms:12.1f} {r.ratio:5.1f}x {r.ratio_logits:8.1f}x | "

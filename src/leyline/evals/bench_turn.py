@@ -18,14 +18,11 @@ import argparse
 import statistics
 import time
 
-import torch
-
+from leyline.core.turns import SamplingParams
 from leyline.engine.engine import Engine
-from leyline.engine.kv.allocator import retain_freed_memory
-from leyline.engine.sampling import SamplingParams
 from leyline.engine.session import SessionCache
+from leyline.evals.bench_common import document, engine_bench_args, start_engine_bench
 from leyline.evals.bench_linear_kernel import DTYPES
-from leyline.evals.bench_splice import document
 
 PHASES = ("prefill", "begin", "generate", "turn")
 """``begin``: the generation's setup (``begin_generation``: where the copy goes); ``generate``
@@ -75,24 +72,14 @@ def bench_context(
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[int, dict[str, dict[str, float]]]]:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    p.add_argument("--model", default="smollm2", help="smollm2, tiny-mla-v2/v3, .gguf, HF dir")
-    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
-    p.add_argument("--contexts", type=int, nargs="+", default=[4096, 8000])
-    p.add_argument("--prompt", type=int, default=32, help="new prompt tokens of the turn")
-    p.add_argument("--max-tokens", type=int, default=16, help="tokens generated")
-    p.add_argument("--runs", type=int, default=7, help="rounds of both arms (medians)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads")
-    p.add_argument("--quick", action="store_true", help="smoke run: 512 tokens, 2 runs")
-    args = p.parse_args(argv)
+    def turn(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--prompt", type=int, default=32, help="new prompt tokens of the turn")
+        p.add_argument("--max-tokens", type=int, default=16, help="tokens generated")
+
+    args = engine_bench_args(__doc__ or "", [4096, 8000], 7, turn).parse_args(argv)
     if args.quick:
         args.contexts, args.runs, args.max_tokens = [512], 2, 4
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    retain_freed_memory()
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {args.model}")
+    start_engine_bench(args)
     print(f"# a turn: {args.prompt} new prompt tokens, {args.max_tokens} generated (greedy)")
     out: dict[str, dict[int, dict[str, dict[str, float]]]] = {}
     for name in args.dtypes:

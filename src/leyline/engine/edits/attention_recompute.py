@@ -2,31 +2,9 @@
 tokens after the block read.
 
 Deviation recompute (``recompute``) ranks a block's copied tokens by how much the new
-context changes their KV, whatever is asked next. This mode ranks them by how much the
-tokens that follow the block in the request (a turn's question, its chat markup) attend to
-them, so the share recomputed is the part the answer reads. On SmolLM2 it lowered the KL
-against a full prefill 2-20x below the plain compose's on tool specs, about 2x on rules
-and passages (docs/evals-compose.md).
-
-Definition. The block's copied tokens sit at ``[a, b)`` (past its seam), placed as the plain
-compose places them; every position before ``a`` holds its final KV. The *following
-tokens* ``F`` are the first :data:`ATTENTION_WINDOW` tokens after the block in the sequence
-the request goes on to: a turn's prompt when its first ``b`` tokens are the new
-revision's, the new revision's tokens otherwise (an ``apply`` batch). Then:
-
-1. **Scores.** ``F`` is run at positions ``b, b+1, ...`` over the cache ``[0, b)`` as it
-   now is (causally among themselves; their KV is discarded), with exact softmax attention
-   in fp32. Each copied token ``j`` scores the weight all queries of ``F`` give position
-   ``j``, summed over heads and layers.
-2. **Selection.** The ``ceil(r * (b - a))`` tokens of largest score (ties: the earlier
-   position), as ``recompute.select_largest``.
-3. **Recompute.** As deviation recompute's step 4: the selected tokens run through every
-   layer at their positions (``partial_forward.forward_scattered``), each attending to the
-   cache as it then is.
-
-With no following token (a block at the very end of an ``apply``), nothing past the seam is
-recomputed. Cost: one forward of ``F`` (at most 256 tokens) over ``b`` keys, plus the
-selected tokens' forward.
+context changes their KV; this mode ranks them by the attention the tokens following the
+block (a turn's question) give them, then recomputes the chosen ones as deviation
+recompute does. The definition: docs/engine.md, "Recompute what the question reads".
 """
 
 from __future__ import annotations
@@ -39,8 +17,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from leyline.engine.attention_mass import ATTENTION_MASS_KWARG, AttentionMass
 from leyline.engine.edits.recompute import recompute_count, select_largest
-from leyline.engine.forward import DEFAULT_PREFILL_CHUNK, KVBuffers
-from leyline.engine.partial_forward import forward_scattered
+from leyline.engine.forward import DEFAULT_PREFILL_CHUNK, KVBuffers, forward_at
 from leyline.protocol.algebra import Run
 
 ATTENTION_WINDOW = 256
@@ -123,7 +100,6 @@ class AttentionRecompute:
             self.model, buffers, end, self.following, start, end, chunk=self.chunk
         )
         positions = [start + i for i in select_largest(scores, count)]
-        forward_scattered(
-            self.model, buffers, [tokens[p] for p in positions], positions, chunk=self.chunk
-        )
+        toks = [tokens[p] for p in positions]
+        forward_at(self.model, buffers, positions, toks, chunk=self.chunk, by_runs=False)
         return positions

@@ -1,33 +1,11 @@
 """COMPOSE on the reference engine: a precomputed skill's KV inserted into a session.
 
-Definition, for a session ``tokens`` (KV complete), a skill ``S`` (``L`` tokens, KV
-computed alone from position 0), an insertion point ``at`` and ``seam_tokens = K``:
-
-* new tokens: ``tokens[:at] + S + tokens[at:]``;
-* ``[0, at)``: the session's KV, unchanged;
-* ``[at, at + k)``, ``k = min(K, L)``: prefilled in place against ``tokens[:at]`` (seam
-  repair: the block's first tokens see the context it lands in);
-* ``[at + k, at + L)``: the skill's KV of positions ``[k, L)``, keys' rope band rotated by
-  ``at`` (values and MLA latents are position-free: copied bitwise);
-* ``[at + L, ...)``: the session's KV from ``at`` on, rotated by ``L``, exactly as a splice
-  inserting ``S`` at ``at`` moves it (AMORTIZE).
-
-Planning is the splice's: the insertion ``Edit(at, at, S)`` through ``core.batch``, so the
-positions, the limits, the spans of the new revision and the lineages all come from the
-edit algebra. Execution is ``run_executor.fill_runs`` with the inserted run split into the
-seam (prefilled) and a kept run whose source is the skill's KV; each byte is written once
-and the session's KV is only read. When a kept key cannot be rotated exactly for this model,
-everything from ``at`` is prefilled instead (path ``reprefill`` with the reason), or the
-compose is refused (``allow_fallback=False``).
-
-Selective recompute (``recompute: {"mode": "deviation", "ratio": r}``): after the copied
-rest of the block is placed, ``recompute.DeviationRecompute`` runs it in context through
-the first layers, ranks its tokens by how far that KV is from the copy, and recomputes the
-``ceil(r * (L - k))`` farthest ones through every layer (definition in ``recompute``).
-They count as prefilled, not reused; with every copied token recomputed the block is exact.
-``{"mode": "attention", "ratio": r}`` recomputes as many, chosen instead by the attention the
-tokens after the block give them (``attention_recompute``; a turn passes its prompt as
-``final_tokens`` so that its question is what ranks them).
+The skill's tokens are planned as a splice inserting them at ``at`` (``core.batch``). The
+block's first ``seam_tokens`` are prefilled in context, the rest copied from the skill's KV
+with keys rotated by ``at``, optionally part of it recomputed (``recompute``,
+``attention_recompute``); everything after ``at`` shifts as a splice shifts it. Where keys
+cannot be rotated exactly, everything from ``at`` is prefilled instead. The definition and
+its exactness: docs/engine.md, "Compose".
 """
 
 from __future__ import annotations
@@ -37,21 +15,27 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from leyline.core.batch import EditPlan, SessionView, plan_edits
-from leyline.core.errors import SpliceUnsupportedError
 from leyline.engine.attention import NAME as ENGINE_ATTENTION
 from leyline.engine.edits.attention_recompute import AttentionRecompute, following_tokens
 from leyline.engine.edits.edit_paths import reprefill_from_change, run_edits
 from leyline.engine.edits.recompute import DeviationRecompute, supports_deviation
-from leyline.engine.edits.run_executor import Refiner, SourcedRun, fill_runs
+from leyline.engine.edits.run_executor import Refiner, SourcedRun
 from leyline.engine.edits.skills import Skill, check_compatible
 from leyline.engine.kv.kv_blocks import KVCache
 from leyline.engine.reports import OpReport
 from leyline.engine.session_state import SessionState
 from leyline.protocol.algebra import Edit, EditResult, Run, replacement_spans
 from leyline.protocol.capabilities import Limits
-from leyline.protocol.directives import Mode, Recompute, RecomputeAttention
+from leyline.protocol.directives import (
+    Mode,
+    Recompute,
+    RecomputeAttention,
+    RecomputeDeviation,
+    RecomputeNone,
+)
 from leyline.protocol.envelope import Path
 from leyline.protocol.errors import ErrorCode, LeylineError
+from leyline.protocol.resolve import ResolvedCompose
 
 if TYPE_CHECKING:
     from leyline.engine.engine import Engine
@@ -67,14 +51,21 @@ def plan_compose(
     vocab_size: int,
     base_revision: int | None = None,
     recompute_ratio: float | None = None,
+    recompute: Recompute | None = None,
 ) -> EditPlan:
-    """Check a compose against ``view`` as the insertion of the skill's tokens at ``at``.
+    """Check a compose against ``view`` as the insertion of the skill's tokens at ``at``: a
+    one-compose batch (directive 0) for ``SessionCache.execute``. ``recompute_ratio``: a
+    deviation recompute of that ratio; ``recompute``: any mode instead.
 
     Raises:
         LeylineError: ``invalid_span`` for ``at`` outside ``[0, len(tokens)]``,
             ``invalid_directive`` for a negative seam or a recompute ratio outside
             ``(0, 1]``, and every rule of a splice (revision, session length, vocabulary).
     """
+    if recompute_ratio is not None and recompute is not None:
+        raise ValueError("give recompute_ratio or recompute, not both")
+    if isinstance(recompute, RecomputeDeviation | RecomputeAttention):
+        recompute_ratio = recompute.ratio  # checked as any ratio
     if not 0 <= at <= len(view.tokens):
         raise LeylineError(
             ErrorCode.invalid_span,
@@ -95,9 +86,15 @@ def plan_compose(
     # The replacement cap bounds prefill work per request; a skill's KV is precomputed.
     uncapped = limits.model_copy(update={"max_replacement_tokens": None})
     edit = Edit(at, at, skill.tokens, Mode.amortize)
+    seam = min(seam_tokens, len(skill))
+    if recompute is None and recompute_ratio is not None:
+        recompute = RecomputeDeviation(mode="deviation", ratio=recompute_ratio)
+    mode = recompute or RecomputeNone(mode="none")
+    composed = ResolvedCompose(0, skill.id, at, len(skill), seam, mode)
     return plan_edits(
-        view, [edit], limits=uncapped, vocab_size=vocab_size, base_revision=base_revision
-    )
+        view, [edit], limits=uncapped, vocab_size=vocab_size, base_revision=base_revision,
+        composes=[composed],
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,20 +200,6 @@ def _block_runs(start: int, block: Block) -> list[SourcedRun]:
     return out
 
 
-def _blocker(engine: Engine, runs: list[SourcedRun], total: int) -> SpliceUnsupportedError | None:
-    """Why a kept key cannot be rotated exactly here, or None."""
-    if not any(s.run.kind == "kept" and s.run.delta for s in runs):
-        return None
-    if engine.splice_refusal is not None:
-        return engine.splice_refusal
-    assert engine.rope is not None
-    try:
-        engine.rope.check_length(total)
-    except SpliceUnsupportedError as exc:
-        return exc
-    return None
-
-
 def exact_after_compose(
     at: int, skill_len: int, seam: int, old_exact: int, recomputed: int = 0
 ) -> int:
@@ -287,20 +270,14 @@ def _run_sourced(
 ) -> tuple[SessionState, OpReport]:
     """Fill the new KV from sourced runs (or re-prefill from the change when a key cannot be
     rotated exactly); ``exact``: the new prefix equal to a fresh prefill's."""
-    blocker = _blocker(engine, runs, len(result.tokens))
+    splicer = engine.splicer
+    blocker = splicer.blocker(runs, len(result.tokens))
     if blocker is not None:
         if not allow_fallback:
             raise blocker
-        return reprefill_from_change(engine, state, result, blocker.reason)
-    kv, logits, rerun = fill_runs(
-        engine.forward_into,
-        engine.layout,
-        engine.rope,
-        result.tokens,
-        runs,
-        template=template,
-        want_logits=want_logits,
-        forward_at=engine.one_pass_forward,
+        return reprefill_from_change(splicer, state, result, blocker.reason)
+    kv, logits, rerun = splicer.fill(
+        result.tokens, runs, template=template, want_logits=want_logits
     )
     total = len(result.tokens)
     if rerun and exact >= total - 1:
@@ -350,7 +327,7 @@ def run_batch(
     result = plan.result
     if plan.forget_from is not None:
         return run_edits(
-            engine, state, result, forget=True, allow_fallback=allow_fallback,
+            engine.splicer, state, result, forget=True, allow_fallback=allow_fallback,
             want_logits=want_logits,
         )  # fmt: skip
     where = {e.index: start for e, (start, _) in zip(plan.edits, _new_spans(plan), strict=True)}

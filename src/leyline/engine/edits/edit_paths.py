@@ -1,42 +1,88 @@
-"""Choose how an edit batch runs (splice or re-prefill) and run it on a session's KV."""
+"""Choose how an edit batch runs (in place, by copy, or re-prefill) and run it.
+
+:class:`Splicer` is what execution needs of the engine, handed over explicitly: the model's
+forwards, how its keys rotate (or why they cannot) and whether sessions edit in place.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
 
 from leyline.core.errors import SpliceUnsupportedError
+from leyline.engine.edits.in_place_edit import InPlaceOutcome, edit_in_place
 from leyline.engine.edits.run_executor import (
+    SourcedRun,
     SpliceOutcome,
     exact_after_edit,
     execute_edit,
+    fill_runs,
     slice_kv,
 )
+from leyline.engine.forward import Forwards
+from leyline.engine.kv.kv_blocks import KVCache
+from leyline.engine.kv.layouts import CacheLayout
 from leyline.engine.reports import OpReport
+from leyline.engine.rope import RopeSpec
 from leyline.engine.session_state import SessionState
 from leyline.protocol.algebra import EditResult
 from leyline.protocol.envelope import Path
 from leyline.protocol.fallback import FallbackReason
 
-if TYPE_CHECKING:
-    from leyline.engine.engine import Engine
 
+@dataclass(frozen=True, slots=True)
+class Splicer:
+    """The engine's model as edits see it (``Engine.splicer``)."""
 
-def splice_blocker(engine: Engine, result: EditResult) -> SpliceUnsupportedError | None:
-    """Why the batch's moved keys cannot be rotated exactly, or None if they can."""
-    if not any(r.kind == "kept" and r.delta != 0 for r in result.runs):
-        return None  # nothing moves: no RoPE involved
-    if engine.splice_refusal is not None:
-        return engine.splice_refusal
-    assert engine.rope is not None
-    try:
-        engine.rope.check_length(max(len(result.tokens), result.position_map.old_length))
-    except SpliceUnsupportedError as exc:
-        return exc
-    return None
+    forwards: Forwards
+    layout: CacheLayout | None
+    rope: RopeSpec | None
+    refusal: SpliceUnsupportedError | None
+    """Why no key of this model can be rotated exactly, or None."""
+    in_place: bool
+    """Sessions that own their KV edit it in place (``in_place_edit``)."""
+
+    def blocker(self, runs: Sequence[SourcedRun], total: int) -> SpliceUnsupportedError | None:
+        """Why the moved keys of ``runs`` (a ``total``-token sequence) cannot be rotated
+        exactly, or None if they can."""
+        if not any(s.run.kind == "kept" and s.run.delta for s in runs):
+            return None  # nothing moves: no RoPE involved
+        if self.refusal is not None:
+            return self.refusal
+        assert self.rope is not None
+        try:
+            self.rope.check_length(total)
+        except SpliceUnsupportedError as exc:
+            return exc
+        return None
+
+    def edit_in_place(
+        self, kv: KVCache, result: EditResult, *, want_logits: bool
+    ) -> InPlaceOutcome | None:
+        """``result`` executed inside ``kv``'s own buffers (the caller owns them), or None
+        with nothing touched when in-place edits are off or these buffers cannot take it."""
+        if not self.in_place:
+            return None
+        assert self.layout is not None and self.rope is not None
+        return edit_in_place(
+            self.forwards, self.layout, self.rope, kv, result, want_logits=want_logits
+        )
+
+    def fill(
+        self, tokens: Sequence[int], runs: Sequence[SourcedRun], *, template: KVCache,
+        want_logits: bool,
+    ) -> tuple[KVCache, torch.Tensor | None, bool]:  # fmt: skip
+        """``run_executor.fill_runs`` with this model."""
+        return fill_runs(
+            self.forwards, self.layout, self.rope, tokens, runs,
+            template=template, want_logits=want_logits,
+        )  # fmt: skip
 
 
 def run_edits(
-    engine: Engine,
+    splicer: Splicer,
     state: SessionState,
     result: EditResult,
     *,
@@ -52,28 +98,24 @@ def run_edits(
     false. ``want_logits``: see ``execute_edit``.
     """
     revision = state.revision + 1
-    blocker = splice_blocker(engine, result)
+    runs = [SourcedRun(r) for r in result.runs]
+    total = max(len(result.tokens), result.position_map.old_length)
+    blocker = splicer.blocker(runs, total)
     if blocker is not None:
         if not allow_fallback:
             raise blocker
-        return reprefill_from_change(engine, state, result, blocker.reason)
+        return reprefill_from_change(splicer, state, result, blocker.reason)
     moved = (
-        engine.edit_in_place(state.kv, result, want_logits=want_logits) if state.owns_kv else None
+        splicer.edit_in_place(state.kv, result, want_logits=want_logits) if state.owns_kv else None
     )
     if moved is not None:
         exact = exact_after_edit(result, state.exact_length, rerun=moved.rerun)
         outcome = SpliceOutcome(moved.kv, moved.logits, exact)
     else:
         outcome = execute_edit(
-            engine.forward_into,
-            engine.layout,
-            engine.rope,
-            state.kv,
-            result,
-            old_exact_length=state.exact_length,
-            want_logits=want_logits,
-            forward_at=engine.one_pass_forward,
-        )
+            splicer.forwards, splicer.layout, splicer.rope, state.kv, result,
+            old_exact_length=state.exact_length, want_logits=want_logits,
+        )  # fmt: skip
     new = SessionState(
         result.tokens, outcome.kv, outcome.logits, revision, (), outcome.exact_length, True
     )
@@ -89,14 +131,14 @@ def run_edits(
 
 
 def reprefill_from_change(
-    engine: Engine, state: SessionState, result: EditResult, reason: FallbackReason
+    splicer: Splicer, state: SessionState, result: EditResult, reason: FallbackReason
 ) -> tuple[SessionState, OpReport]:
     """Keep the unchanged prefix, prefill everything from the first change (the fallback
     of a splice or a compose that cannot rotate exactly)."""
     fc, n = result.first_change, len(result.tokens)
     kv, logits = slice_kv(state.kv, 0, fc), None
     if fc < n:
-        kv, logits = engine.forward(kv, result.tokens[fc:])
+        kv, logits = splicer.forwards.tokens(kv, result.tokens[fc:])
     exact = min(state.exact_length, fc)
     owns = fc < n or state.owns_kv  # a prefill's new buffers, or a view of our own
     new = SessionState(

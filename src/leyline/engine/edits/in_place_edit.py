@@ -1,37 +1,12 @@
 """An edit batch executed inside the session's own KV buffers: forward first, move after.
 
-The copy path (``run_executor.fill_runs``) builds the new KV in a new buffer: every byte of
-the cache is written once more and, while it runs, old and new KV coexist (+1 KV of peak
-memory). A session whose buffers nobody else holds (``SessionState.owns_kv``) can instead
-edit them where they are, in two phases:
-
-1. **Forward, writing nothing of the session's.** Every token the batch computes (the
-   prefilled runs, and the last token again when logits are wanted after a kept run) goes
-   through the model in one pass; their keys and values go to a small side buffer, and
-   their queries read the kept KV where it lies, a moved run's with the query's rotary band
-   counter-rotated (``segment_attention``). A failure here (out of memory, a bad token)
-   leaves the session bitwise as it was, as the copy path does.
-2. **Move.** The kept runs that moved are shifted to their new positions, keys rotated by
-   their delta on the way, values moved as they are; then the side entries are written at
-   their positions. Nothing here allocates more than a small bounce buffer or depends on
-   the input, so nothing fails short of a bug.
-
-The prefix before the first change is never touched. The rope kernel moves a run in one
-call (``rope.move_rotated``, ``rope.move_rows``): each (layer, head) band row by row, in
-the order that reads every row before it is overwritten, with ``rotate_many_into``'s
-arithmetic, so the keys are bitwise the copy path's. Without the kernel (or for views it
-refuses), a run moving left is shifted in pieces taken left to right, each at most
-``|delta|`` long so that no piece's source meets its destination (a run moving right:
-right to left); a small ``|delta|`` would make many pieces, so those go through a bounce
-buffer of :data:`BOUNCE` positions instead. Runs moving left go left to right and runs
-moving right right to left, so no run overwrites another's source before it is read.
-
-:func:`in_place_layout` says whether a model can take this path at all (grouped-query keys
-with a rotary band, the engine's attention function); :func:`edit_in_place` returns None for
-a batch it does not take (a buffer too small for a growing batch, a non-contiguous one), and
-the caller runs the copy path. So does a batch that keeps nothing after its first change
-(FORGET, an append): it has no downstream to spare, and its recomputed tail would all sit
-in the side buffer.
+The copy path (``run_executor``) writes the new KV into a new buffer, so old and new KV
+coexist while it runs. A session whose buffers nobody else holds edits them in place: (1)
+every computed token runs in one forward whose KV goes to a small side buffer, queries
+reading kept KV where it lies (``segment_attention``), so a failure leaves the session
+unchanged; (2) moved kept runs shift to their new positions, keys rotated bitwise as the
+copy path rotates them, then the side entries are written. docs/engine.md has the details
+and the batches left to the copy path (:func:`edit_in_place` returns None for those).
 """
 
 from __future__ import annotations
@@ -42,10 +17,17 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
 
 from leyline.engine.cpu.fused_forward import fused_model
-from leyline.engine.forward import DEFAULT_PREFILL_CHUNK, KVBuffers, causal_mask_at, query_runs
+from leyline.engine.forward import (
+    BufferedLayer,
+    Chunk,
+    Forwards,
+    KVBuffers,
+    causal_mask_at,
+    query_runs,
+    run_chunks,
+)
 from leyline.engine.kv.buffer_views import capacity, resized
 from leyline.engine.kv.kv_blocks import KVCache
 from leyline.engine.kv.layouts import CacheLayout
@@ -58,7 +40,6 @@ from leyline.engine.segment_attention import (
     SegmentRun,
     prepare_plan,
 )
-from leyline.engine.yield_points import chunk_boundary
 from leyline.protocol.algebra import EditResult, Run
 
 MIN_DIRECT = 64
@@ -84,14 +65,13 @@ def in_place_layout(layout: CacheLayout | None, rope: RopeSpec | None, grouped: 
 
 
 def edit_in_place(
-    model: PreTrainedModel,
+    forwards: Forwards,
     layout: CacheLayout,
     rope: RopeSpec,
     kv: KVCache,
     result: EditResult,
     *,
     want_logits: bool,
-    chunk: int = DEFAULT_PREFILL_CHUNK,
 ) -> InPlaceOutcome | None:
     """Execute ``result`` (an edit of the sequence ``kv`` holds) inside ``kv``'s buffers, or
     return None, having touched nothing, when they cannot take it (module docstring). The
@@ -116,7 +96,7 @@ def edit_in_place(
         side = [[torch.empty(_side_shape(t, len(positions)), dtype=t.dtype) for t in layer]
                 for layer in kv]  # fmt: skip
         tokens = [result.tokens[p] for p in positions]
-        logits = _forward_beside(model, layout, rope, kv, side, runs, positions, tokens, chunk)
+        logits = _forward_beside(forwards, layout, rope, kv, side, runs, positions, tokens)
     # -- phase 2: nothing below can fail on valid input ---------------------------------------
     span = max(total, int(kv[0][0].shape[2]))  # views reaching a growing batch's new end
     _move_kept(tuple(tuple(resized(t, span) for t in layer) for layer in kv), runs, layout, rope)
@@ -132,26 +112,6 @@ def edit_in_place(
 
 def _side_shape(t: torch.Tensor, n: int) -> tuple[int, ...]:
     return (*t.shape[:-2], n, t.shape[-1])
-
-
-class _SideLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # unannotated __init_subclass__
-    """A cache layer whose ``update`` appends the chunk's KV to the side buffer and hands
-    the model the side entries so far (the segment plan says where the rest lies)."""
-
-    def __init__(self, slots: list[torch.Tensor], length: int) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # transformers' is unannotated
-        self.slots, self.length = slots, length
-        self.is_initialized, self.device = True, slots[0].device
-        self.keys, self.values = (t[..., :length, :] for t in slots)
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.length + key_states.shape[-2]
-        self.slots[0][..., self.length : end, :].copy_(key_states)
-        self.slots[1][..., self.length : end, :].copy_(value_states)
-        self.keys, self.values = (t[..., :end, :] for t in self.slots)
-        return self.keys, self.values
 
 
 def segment_runs(
@@ -177,7 +137,7 @@ def segment_runs(
 
 @torch.no_grad()
 def _forward_beside(
-    model: PreTrainedModel,
+    forwards: Forwards,
     layout: CacheLayout,
     rope: RopeSpec,
     kv: KVCache,
@@ -185,42 +145,28 @@ def _forward_beside(
     runs: Sequence[Run],
     positions: Sequence[int],
     tokens: Sequence[int],
-    chunk: int,
 ) -> torch.Tensor:
     """Phase 1: the forward of ``tokens`` at ``positions``, their KV into ``side``."""
 
     def rotate(q: torch.Tensor, delta: int) -> torch.Tensor:
         return delta_rotate(q, delta, rope.inv_freq, layout.pairing, offset=layout.offset)
 
+    model, chunk = forwards.model, forwards.chunk
     if len(tokens) <= chunk:  # a longer pass yields between its chunks: the model's forward
         direct = _fused_beside(model, kv, side, runs, positions, tokens, rotate)
         if direct is not None:
             return direct
-    device, dtype = model.device, kv[0][0].dtype
-    logits: torch.Tensor | None = None
-    for lo in range(0, len(tokens), chunk):
-        if lo:
-            chunk_boundary()  # a scheduler may run other work here (``yield_points``)
-        hi = min(lo + chunk, len(tokens))
-        pos = torch.tensor(list(positions[lo:hi]), dtype=torch.long, device=device)
-        ids = torch.tensor([list(tokens[lo:hi])], dtype=torch.long, device=device)
-        cache = DynamicCache()
-        cache.layers.extend(_SideLayer(slots, lo) for slots in side)
+    dtype = kv[0][0].dtype
+
+    def prepare(lo: int, hi: int, pos: torch.Tensor) -> Chunk:
+        cache = DynamicCache()  # the chunk's KV appended to the side entries so far
+        cache.layers.extend(BufferedLayer(slots, lo, len(tokens)) for slots in side)
         # side entry j is visible to chunk query i when j <= lo + i (positions increase)
-        mask = causal_mask_at(torch.arange(lo, hi, device=device), hi, dtype, device)
+        mask = causal_mask_at(torch.arange(lo, hi, device=pos.device), hi, dtype, pos.device)
         plan = SegmentPlan(kv, segment_runs(runs, positions, lo, hi), rotate)
-        out = model(
-            input_ids=ids,
-            position_ids=pos.unsqueeze(0),
-            attention_mask=mask,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            **{SEGMENTS_KWARG: plan},
-        )
-        logits = out.logits[0, -1]
-    assert logits is not None
-    return logits.float()
+        return cache, mask, {SEGMENTS_KWARG: plan}
+
+    return run_chunks(model, tokens, positions, prepare, chunk=chunk)
 
 
 def _fused_beside(
@@ -254,8 +200,12 @@ def _fused_beside(
 
 
 def _move_kept(kv: KVCache, runs: Sequence[Run], layout: CacheLayout, rope: RopeSpec) -> None:
-    """Phase 2: every kept run that moved, to its new positions (module docstring); ``kv``
-    views every position any run reads or writes."""
+    """Phase 2: every kept run that moved, to its new positions; ``kv`` views every position
+    any run reads or writes. Runs moving left go left to right and runs moving right right
+    to left, so no run overwrites another's source before it is read. The rope kernel moves
+    a run in one sweep (``rope.move_rotated``, ``rope.move_rows``); without it, a run moves
+    in pieces of at most ``|delta|`` positions that never meet their destination, or through
+    a bounce buffer of :data:`BOUNCE` positions when ``|delta|`` is small."""
     moved = [r for r in runs if r.kind == "kept" and r.delta != 0]
     left = sorted((r for r in moved if r.delta < 0), key=lambda r: r.new_start)
     right = sorted((r for r in moved if r.delta > 0), key=lambda r: -r.new_start)

@@ -1,41 +1,11 @@
-"""COMPOSE's selective recompute, ``{"mode": "deviation", "ratio": r}`` (after CacheBlend).
+"""COMPOSE's selective recompute ``{"mode": "deviation", "ratio": r}`` (after CacheBlend).
 
-A composed block's copied tokens (past its seam) never attended to the context they land
-in. Recomputing all of them is a prefill; this recomputes the fraction whose KV the new
-context changes most, chosen at an early layer where every block token's in-context KV is
-cheap to get.
-
-Definition. The block's copied tokens sit at positions ``[a, b)`` of the new sequence
-(``a = at + k`` past the seam of ``k`` tokens, ``b = at + L``), ``m = b - a`` of them; every
-position before ``a`` already holds its final KV, and ``[a, b)`` holds the skill's KV with
-keys rotated to those positions (the plain compose). With ``s = max(min(S, layers - 2), 1)``
-(``S`` the engine's ``recompute_selection_layer``, default :data:`SELECTION_LAYER` = 4; a
-one-layer model uses layer 0):
-
-1. **Early layers in context.** Tokens ``[a, b)`` are prefilled in place through decoder
-   layers ``0..s`` only, attending to everything before them and causally to each other:
-   at layers ``0..s`` every copied token now holds its in-context KV (what a prefill of the
-   whole new sequence computes there). Layers past ``s`` keep the rotated skill KV.
-2. **Deviation.** At layer ``s``, for each token ``j`` and each cache tensor ``c`` of the
-   layer (GQA: keys, values; MLA: latent, rope band),
-   ``d_c(j) = ||x_c(j) - y_c(j)||^2 / mean_i ||y_c(i)||^2`` with ``x`` its in-context KV,
-   ``y`` the rotated skill KV and the mean over the block's ``m`` tokens (so every tensor
-   weighs the same whatever its scale); ``d(j) = sum_c d_c(j)``. Layer 0 is never the
-   selection layer: there a key or value depends only on its token and position, so ``d``
-   is rounding noise.
-3. **Selection.** The ``n = recompute_count(r, m) = ceil(r * m)`` tokens of largest ``d``
-   (ties: the earlier position first).
-4. **Recompute.** The selected tokens are run through every layer at their own positions
-   (:func:`partial_forward.forward_scattered`): at each layer their new KV replaces theirs
-   at their positions, and each attends to every position up to its own as the cache then
-   holds it (the final KV before ``a``; in-context KV at layers ``0..s`` and rotated skill
-   KV past ``s`` for unselected block tokens; the recomputed KV of selected ones). At
-   layers ``0..s`` this reproduces step 1's values (up to rounding).
-
-Unselected tokens keep the rotated skill KV at layers past ``s``. With ``r = 1`` every
-copied token is recomputed against exactly what a prefill sees: the block equals a prefill
-of the new sequence (up to rounding). Cost: ``s + 1`` layers of the block's prefill plus
-``n`` tokens' forward, attention over at most ``b`` positions.
+A composed block's copied tokens never attended to the context they land in; recomputing
+all of them is a prefill. This recomputes the fraction whose KV the new context changes
+most, ranked at an early layer where their in-context KV is cheap to get: prefill the
+block through layers ``0..s`` (``partial_forward``), rank by deviation from the copy, run
+the chosen tokens through every layer (``forward.forward_at``). The definition, step by
+step: docs/engine.md, "Selective recompute".
 """
 
 from __future__ import annotations
@@ -47,15 +17,14 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from leyline.engine.forward import DEFAULT_PREFILL_CHUNK, KVBuffers
-from leyline.engine.partial_forward import decoder_layers, forward_scattered, forward_through
+from leyline.engine.forward import DEFAULT_PREFILL_CHUNK, KVBuffers, forward_at
+from leyline.engine.partial_forward import decoder_layers, forward_through
 from leyline.protocol.algebra import Run
 
 SELECTION_LAYER = 4
 """The decoder layer whose in-context KV ranks the tokens (0-based: the fifth). Layer 1 is
-the first whose KV depends on the context, but on SmolLM2 ranking at layer 4 gave a lower KL
-for 52 of 72 held-out compose items (geometric mean 0.79x of layer 1's; layer 8: 1.20x), for
-3 more layers of the block's prefill: docs/evals-compose.md, "The selection layer"."""
+the first whose KV depends on the context; a later one ranks better on SmolLM2 for a few
+more layers of the block's prefill (docs/reports/eval-compose.md, "The selection layer")."""
 
 
 def recompute_count(ratio: float, tokens: int) -> int:
@@ -129,7 +98,6 @@ class DeviationRecompute:
         in_context = [t[..., start:end, :] for t in buffers[layer]]
         chosen = select_largest(kv_deviation(in_context, rotated), self.recomputed(end - start))
         positions = [start + i for i in chosen]
-        forward_scattered(
-            self.model, buffers, [tokens[p] for p in positions], positions, chunk=self.chunk
-        )
+        toks = [tokens[p] for p in positions]
+        forward_at(self.model, buffers, positions, toks, chunk=self.chunk, by_runs=False)
         return positions

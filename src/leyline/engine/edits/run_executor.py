@@ -1,45 +1,25 @@
-"""Execute an ``EditResult`` on a KV cache: the runs of the edit algebra, in order.
+"""Execute an ``EditResult`` on a KV cache by copy: the edit algebra's runs, in order.
 
-The new KV is one buffer per layer and slot, sized for the new sequence and filled run by
-run, left to right:
-
-- ``kept``: the run's old entries copied in, the rope band rotated by the run's delta on
-  the way (straight into its destination); values and MLA latents copied bitwise.
-- ``inserted`` / ``recompute``: prefilled in place, attending to everything already in the
-  buffer, i.e. everything before them in the NEW sequence.
-
-Every byte of the new KV is written once. Positions are never derived here: the runs say
-where everything goes. The old KV is only read, so a failure midway changes nothing.
-
-:func:`fill_runs` is the loop itself, with each kept run naming the KV it is copied from:
-an edit reads only its base KV (:func:`execute_edit`); COMPOSE (``compose``) also reads a
-skill's KV, precomputed from position 0, and may name a :class:`Refiner` that recomputes
-some of a copied run's entries in context right after it is placed (selective recompute,
-``recompute``); those entries are then written twice.
+The new KV is one buffer per layer and slot for the new sequence: kept runs copied in (keys
+rotated by their delta on the way), inserted runs computed in place against everything
+before them. The runs say where everything goes; the old KV is only read, so a failure
+midway changes nothing. COMPOSE reuses :func:`fill_runs` with kept runs read from a skill's
+KV and optionally refined in context (docs/engine.md, "How a splice runs").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from leyline.engine.forward import KVBuffers, filled, kv_length, new_buffers
+from leyline.engine.forward import Forwards, KVBuffers, filled, kv_length, new_buffers
 from leyline.engine.kv.kv_blocks import KVCache
 from leyline.engine.kv.layouts import CacheLayout
 from leyline.engine.rope import RopeSpec, rotate_many_into
 from leyline.protocol.algebra import EditResult, Run
-
-ForwardInto = Callable[[KVBuffers, int, Sequence[int]], torch.Tensor]
-"""Prefill tokens after the first ``length`` buffered positions, in place; return the
-next-token logits (``Engine.forward_into``)."""
-
-ForwardAt = Callable[[KVBuffers, Sequence[int], Sequence[int], int], torch.Tensor]
-"""Run tokens at scattered positions of buffers filled elsewhere up to a total length, each
-seeing every position up to its own, in one pass over the weights; return the last token's
-next-token logits (``Engine.forward_at``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +106,7 @@ def _exact_length(runs: Sequence[Run], first_change: int, old_exact: int) -> int
 
 
 def fill_runs(
-    forward_into: ForwardInto,
+    forwards: Forwards,
     layout: CacheLayout | None,
     rope: RopeSpec | None,
     tokens: Sequence[int],
@@ -134,7 +114,6 @@ def fill_runs(
     *,
     template: KVCache,
     want_logits: bool = False,
-    forward_at: ForwardAt | None = None,
 ) -> tuple[KVCache, torch.Tensor | None, bool]:
     """The KV of ``tokens``, built run by run into one new buffer per layer and slot.
 
@@ -143,20 +122,20 @@ def fill_runs(
     (``want_logits`` with a sequence ending in a kept run: one decode step in the new
     buffer, no copy). Sources are only read.
 
-    With ``forward_at`` and no refiner, every kept run is placed first and everything else
-    (prefilled runs, the last token run again) goes through the model in one masked pass:
-    the weights stream once per splice instead of once per run (see :func:`fused_plan`).
+    Without a refiner, every kept run is placed first and everything else (prefilled runs,
+    the last token run again) goes through the model in one masked pass: the weights stream
+    once per splice instead of once per run (see :func:`fused_plan`).
     """
     total = len(tokens)
     buffers = new_buffers(template, total)
-    fused = fused_plan(runs, total, want_logits) if forward_at is not None else None
-    if fused is not None and forward_at is not None:
+    fused = fused_plan(runs, total, want_logits)
+    if fused is not None:
         positions, rerun = fused
         for sourced in runs:
             if sourced.run.kind == "kept":
                 _place(buffers, _source(sourced), sourced.run, layout, rope)
         ends_prefilled = runs[-1].run.kind != "kept"
-        out = forward_at(buffers, positions, [tokens[p] for p in positions], total)
+        out = forwards.at(buffers, positions, [tokens[p] for p in positions], total)
         return filled(buffers, total), out if ends_prefilled or rerun else None, rerun
     logits: torch.Tensor | None = None
     for sourced in runs:
@@ -167,10 +146,10 @@ def fill_runs(
                 sourced.refine(buffers, tokens, run)
             logits = None  # the run's last token may be copied KV: the last-token rule
         else:
-            logits = forward_into(buffers, run.new_start, tokens[run.new_start : run.new_end])
+            logits = forwards.into(buffers, run.new_start, tokens[run.new_start : run.new_end])
     rerun = want_logits and logits is None and total > 0
     if rerun:
-        logits = forward_into(buffers, total - 1, tokens[-1:])
+        logits = forwards.into(buffers, total - 1, tokens[-1:])
     return filled(buffers, total), logits, rerun
 
 
@@ -200,7 +179,7 @@ def fused_plan(
 
 
 def execute_edit(
-    forward_into: ForwardInto,
+    forwards: Forwards,
     layout: CacheLayout | None,
     rope: RopeSpec | None,
     kv: KVCache,
@@ -208,7 +187,6 @@ def execute_edit(
     *,
     old_exact_length: int,
     want_logits: bool = False,
-    forward_at: ForwardAt | None = None,
 ) -> SpliceOutcome:
     """Build the KV of ``result.tokens`` from ``kv`` (the KV of the base sequence).
 
@@ -217,7 +195,6 @@ def execute_edit(
 
     ``want_logits``: when the new sequence ends in a kept run, run its last token again in
     the new context (in the new buffer, no copy) so that next-token logits come back too.
-    ``forward_at``: run every prefilled run and that last token in one pass (``fill_runs``).
     """
     if kv_length(kv) != result.position_map.old_length:
         raise ValueError(
@@ -226,9 +203,8 @@ def execute_edit(
         )
     runs = [SourcedRun(run, kv if run.kind == "kept" else None) for run in result.runs]
     new_kv, logits, rerun = fill_runs(
-        forward_into, layout, rope, result.tokens, runs, template=kv, want_logits=want_logits,
-        forward_at=forward_at,
-    )  # fmt: skip
+        forwards, layout, rope, result.tokens, runs, template=kv, want_logits=want_logits
+    )
     return SpliceOutcome(new_kv, logits, exact_after_edit(result, old_exact_length, rerun=rerun))
 
 

@@ -1,9 +1,8 @@
 """Keep freed memory in the process so large KV buffers are reused, not page-faulted again.
 
 glibc hands allocations above 128 KiB back to the kernel when freed (``mmap``), so every new
-KV buffer of a splice or a generation pays first-touch page faults: measured here, cloning
-94 MB costs 31-69 ms instead of 20 ms for copying into memory already mapped. Raising the
-mmap threshold and the trim threshold keeps freed blocks in the heap for the next buffer.
+KV buffer of a splice or a generation pays first-touch page faults (docs/perf.md). Raising
+the mmap threshold and the trim threshold keeps freed blocks in the heap for the next buffer.
 
 Process-wide, so it is opt-in: ``leyline serve`` (unless ``--release-freed-memory``) and the
 benchmarks call it once at start; a library embedding the engine decides for itself.
