@@ -28,8 +28,15 @@ from leyline.core.openai_types import (
 from leyline.core.report import OpReport
 from leyline.core.service import SessionService, with_composed, with_dropped
 from leyline.core.sessions import DEFAULT_TENANT, Evicted, Session, SessionStore, salt_of
-from leyline.core.turns import Cancelled, GenerationResult, IsCancelled, OnToken, Outcome, Turn
-from leyline.engine.sampling import SamplingParams
+from leyline.core.turns import (
+    Cancelled,
+    GenerationResult,
+    IsCancelled,
+    OnToken,
+    Outcome,
+    SamplingParams,
+    Turn,
+)
 from leyline.protocol import (
     Capabilities,
     ErrorCode,
