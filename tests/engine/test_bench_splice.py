@@ -11,6 +11,8 @@ from leyline.engine.models import build_tiny_mla
 from leyline.evals.bench_floors import Bandwidth, linear_flops
 from leyline.evals.bench_splice import main
 
+pytestmark = pytest.mark.slow  # runs the whole benchmark: minutes, not seconds
+
 
 def test_bench_runs_end_to_end_on_a_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:
     args = "--model tiny-mla-v2 --contexts 96 --runs 1 --span 20 --stub 4 --rotation-runs 1"
