@@ -10,26 +10,21 @@ the prompt and the reply, and a rejected request changes nothing.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from leyline.core.openai_types import ChatCompletionRequest
-from leyline.engine.backend import EngineBackend
 from leyline.engine.engine import Engine
 from leyline.engine.models import LoadedModel
-from leyline.protocol import ErrorCode, LeylineError, Limits
+from leyline.protocol import ErrorCode, LeylineError
 from leyline.serve.service import LeylineService
-from leyline.serve.settings import ServerSettings
-from leyline.sglang.backend import SglangBackend
 
-from .scripted_scheduler import ScriptedGenerator, ScriptedScheduler
+from .chat_service import BACKENDS, LIMITS, chat, conversation, serving
 
 pytestmark = [pytest.mark.model]
 
-LIMITS = Limits(max_session_tokens=1024)
 TOOL_OUTPUT = "\n".join(f"line {i}: the build step {i} passed in {i * 3} ms" for i in range(24))
 STUB = "[tool output removed]"
 
@@ -39,42 +34,14 @@ def engine(smollm2: LoadedModel) -> Engine:
     return Engine(smollm2, limits=LIMITS)
 
 
-@pytest.fixture(params=["engine", "sglang"])
+@pytest.fixture(params=BACKENDS)
 def service(request: pytest.FixtureRequest, engine: Engine) -> Iterator[LeylineService[Any]]:
-    settings = ServerSettings(max_new_tokens=4)
-    if request.param == "engine":
-        backend: Any = EngineBackend(engine, limits=LIMITS, model_name="smollm2")
-        yield LeylineService(backend, settings, model_name="smollm2")
-        backend.shutdown()
-    else:
-        scheduler = ScriptedScheduler()
-        stop = engine.loaded.eos_token_ids[0]
-        backend = SglangBackend(
-            scheduler,
-            engine.tokenizer,
-            limits=LIMITS,
-            vocab_size=engine.vocab_size,
-            stop_token_ids=[stop],
-        )
-        reply = engine.encode("Step 3.")  # ids that render back as themselves
-        backend.generator = ScriptedGenerator(scheduler, reply, stop, backend.decode)
-        yield LeylineService(backend, settings, model_name="smollm2")
+    # "Step 3.": ids that render back as themselves
+    yield from serving(request.param, engine, "Step 3.", "smollm2", max_new_tokens=4)
 
 
 def _messages(tool: str, *more: dict[str, Any]) -> list[dict[str, Any]]:
-    return [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "Run the build and tell me the slowest step."},
-        {"role": "assistant", "content": "Running it."},
-        {"role": "user", "content": tool},
-        *more,
-    ]
-
-
-def chat(service: LeylineService[Any], messages: list[dict[str, Any]], **leyline: Any) -> Any:
-    body = {"model": "m", "messages": messages, "max_tokens": 3, "temperature": 0}
-    request = ChatCompletionRequest.model_validate(body | {"leyline": leyline})
-    return asyncio.run(service.chat(request))
+    return conversation(tool, "Run the build and tell me the slowest step.", "Running it.", *more)
 
 
 def state(service: LeylineService[Any], sid: str) -> tuple[tuple[int, ...], int]:

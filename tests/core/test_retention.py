@@ -15,22 +15,18 @@ from typing import Any
 
 import pytest
 
-from leyline.core.openai_types import ChatCompletionRequest
-from leyline.engine.backend import EngineBackend
 from leyline.engine.engine import Engine
 from leyline.engine.models import LoadedModel
-from leyline.protocol import Edit, ErrorCode, LeylineError, Limits, Mode, apply_edits
+from leyline.protocol import Edit, ErrorCode, LeylineError, Mode, apply_edits
 from leyline.protocol.resources import ApplyDirectives
 from leyline.serve.service import LeylineService
-from leyline.serve.settings import ServerSettings
 from leyline.sglang.backend import SglangBackend
 from leyline.sglang.session import SglangSession
 
-from .scripted_scheduler import ScriptedGenerator, ScriptedScheduler
+from .chat_service import BACKENDS, LIMITS, chat, conversation, make_service
 
 pytestmark = [pytest.mark.model]
 
-LIMITS = Limits(max_session_tokens=1024)
 TOOL_OUTPUT = "\n".join(f"line {i}: step {i} passed in {i * 3} ms" for i in range(20))
 STUB = "[cleared]"
 
@@ -49,24 +45,10 @@ def engine(smollm2: LoadedModel) -> Engine:
 
 
 def make(kind: str, engine: Engine, **settings: Any) -> tuple[LeylineService[Any], Any]:
-    config = ServerSettings(max_new_tokens=3, **settings)
-    if kind == "engine":
-        backend: Any = EngineBackend(engine, limits=LIMITS, model_name="smollm2")
-        return LeylineService(backend, config, model_name="m"), backend
-    scheduler = ScriptedScheduler()
-    stop = engine.loaded.eos_token_ids[0]
-    backend = WeighedSglang(
-        scheduler,
-        engine.tokenizer,
-        limits=LIMITS,
-        vocab_size=engine.vocab_size,
-        stop_token_ids=[stop],
-    )
-    backend.generator = ScriptedGenerator(scheduler, engine.encode("Done."), stop, backend.decode)
-    return LeylineService(backend, config, model_name="m"), backend
+    return make_service(kind, engine, "Done.", "m", WeighedSglang, max_new_tokens=3, **settings)
 
 
-@pytest.fixture(params=["engine", "sglang"])
+@pytest.fixture(params=BACKENDS)
 def service(request: pytest.FixtureRequest, engine: Engine) -> Iterator[LeylineService[Any]]:
     svc, backend = make(request.param, engine)
     yield svc
@@ -75,19 +57,7 @@ def service(request: pytest.FixtureRequest, engine: Engine) -> Iterator[LeylineS
 
 
 def messages(tool: str = TOOL_OUTPUT, *more: dict[str, Any]) -> list[dict[str, Any]]:
-    return [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "Run the build."},
-        {"role": "assistant", "content": "Running it now, one moment."},
-        {"role": "user", "content": tool},
-        *more,
-    ]
-
-
-def chat(service: LeylineService[Any], msgs: list[dict[str, Any]], **leyline: Any) -> Any:
-    body = {"model": "m", "messages": msgs, "max_tokens": 3, "temperature": 0}
-    request = ChatCompletionRequest.model_validate(body | {"leyline": leyline})
-    return asyncio.run(service.chat(request))
+    return conversation(tool, "Run the build.", "Running it now, one moment.", *more)
 
 
 def apply(service: LeylineService[Any], sid: str, *directives: dict[str, Any]) -> Any:

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import re
 import statistics
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 import torch
 
-from leyline.cli.main import main
 from leyline.engine.edits.skills import compile_skill
 from leyline.engine.engine import Engine
 from leyline.engine.models import build_tiny_mla, load_model
@@ -34,6 +30,9 @@ from leyline.evals.compose.cases import (
 from leyline.evals.compose.contexts import _SYSTEMS, _TURNS
 from leyline.evals.compose.run import ComposeOptions, skill_budget
 from leyline.evals.compose.texts import KINDS
+from tests.meta.fresh_python import eval_cli_loads
+
+from .fast_run import fast_run
 
 FILES = ("report.json", "report.md", "ttft.png", "kl_by_k.png")
 
@@ -161,21 +160,12 @@ def test_question_aware_recompute_of_the_whole_block_is_a_full_prefill() -> None
 
 
 def test_cli_module_does_not_import_torch() -> None:
-    code = (
-        "import sys, leyline.evals.compose.cli as c; "
-        "assert c.HELP and c.DESCRIPTION and callable(c.add_arguments) and callable(c.run); "
-        "assert 'torch' not in sys.modules"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    assert "torch" not in eval_cli_loads("compose")
 
 
 @pytest.fixture(scope="module")
 def fast_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("compose")
-    assert main(["eval", "compose", "--fast", "--no-progress", "--out", str(out)]) == 0
-    for name in FILES:
-        assert (out / name).stat().st_size > 0, name
-    return json.loads((out / "report.json").read_text())
+    return fast_run("compose", tmp_path_factory.mktemp("compose"), FILES)
 
 
 def _kl(records: list[dict[str, Any]], arm: str) -> float:

@@ -5,9 +5,6 @@ against the summary, and the field-early layout's prefix-cache hits; plus the pu
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -17,6 +14,9 @@ from leyline.evals.common.stats import wilson
 from leyline.evals.erratum.body import FAST_SECTIONS, SECTIONS, body
 from leyline.evals.erratum.early import parts
 from leyline.evals.erratum.templates import TEMPLATES, draw_cases
+from tests.meta.fresh_python import eval_cli_loads
+
+from .fast_run import fast_run
 
 BLOCK = 16  # the prefix cache's block size (PrefixCache default)
 
@@ -24,13 +24,10 @@ BLOCK = 16  # the prefix cache's block size (PrefixCache default)
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("erratum")
-    assert main(["eval", "erratum", "--fast", "--no-progress", "--out", str(out)]) == 0
-    for name in ("report.json", "report.md", "erratum.png"):
-        assert (out / name).stat().st_size > 0, name
+    data = fast_run("erratum", out, ("report.json", "report.md", "erratum.png"))
     text = (out / "report.md").read_text()
     assert "## Decision recovery" in text and "## Prefix-cache hit rate" in text
     assert "| overall | field late |" in text and "| overall | field early |" in text
-    data: dict[str, Any] = json.loads((out / "report.json").read_text())
     return data
 
 
@@ -165,11 +162,7 @@ def test_records_agree_with_the_summary(report: dict[str, Any]) -> None:
 
 
 def test_cli_module_does_not_import_torch() -> None:
-    code = (
-        "import sys, leyline.evals.erratum.cli as c; assert c.HELP; print('torch' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert "torch" not in eval_cli_loads("erratum")
 
 
 def test_wilson_interval() -> None:

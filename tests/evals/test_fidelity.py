@@ -3,30 +3,26 @@ against independent computations (plain transformers forwards, fresh counts)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from leyline.cli.main import main
 from leyline.engine.models import load_model
 from leyline.evals.fidelity.drift import ARMS, PATTERNS
 from leyline.evals.fidelity.measures import kl
 from leyline.evals.fidelity.prompts import make_prompt, make_prompts
 from leyline.evals.fidelity.tokens import tokenize
+from tests.meta.fresh_python import eval_cli_loads
+
+from .fast_run import fast_run
 
 PLOTS = ("key_error.png", "drift.png", "kl_hist.png")
 
 
 def _run(out: Path, *extra: str) -> dict[str, Any]:
-    assert main(["eval", "fidelity", "--fast", "--no-progress", "--out", str(out), *extra]) == 0
-    for name in ("report.json", "report.md", *PLOTS):
-        assert (out / name).stat().st_size > 0, name
-    return json.loads((out / "report.json").read_text())
+    return fast_run("fidelity", out, ("report.json", "report.md", *PLOTS), *extra)
 
 
 @pytest.fixture(scope="module")
@@ -104,12 +100,7 @@ def test_prompts_are_seeded_and_the_span_is_exact() -> None:
 
 
 def test_cli_module_does_not_import_torch() -> None:
-    code = (
-        "import sys, leyline.evals.fidelity.cli as c; "
-        "assert c.HELP and c.DESCRIPTION and callable(c.add_arguments) and callable(c.run); "
-        "assert 'torch' not in sys.modules"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    assert "torch" not in eval_cli_loads("fidelity")
 
 
 def test_fast_run_on_tiny_mla_v3(tmp_path: Path) -> None:

@@ -5,10 +5,7 @@ transformers forward)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -33,6 +30,9 @@ from leyline.evals.memory.plots import plot_accuracy_vs_cost
 from leyline.evals.memory.profiles import FIELD_BY_KEY, FIELDS, make_profile, update
 from leyline.evals.memory.summary import arm_rows, by_length, setup
 from leyline.evals.memory.trajectory import make_trajectory
+from tests.meta.fresh_python import eval_cli_loads
+
+from .fast_run import fast_run
 
 FILES = ("report.json", "report.md", "accuracy_vs_cost.png")
 
@@ -142,12 +142,7 @@ def test_the_report_sections_and_plot_by_length(tmp_path: Any) -> None:
 
 
 def test_cli_module_does_not_import_torch() -> None:
-    code = (
-        "import sys, leyline.evals.memory.cli as c; "
-        "assert c.HELP and c.DESCRIPTION and callable(c.add_arguments) and callable(c.run); "
-        "assert 'torch' not in sys.modules"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    assert "torch" not in eval_cli_loads("memory")
 
 
 def test_bad_sizes_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -158,11 +153,7 @@ def test_bad_sizes_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.fixture(scope="module")
 def fast_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("memory")
-    assert main(["eval", "memory", "--fast", "--no-progress", "--out", str(out)]) == 0
-    for name in FILES:
-        assert (out / name).stat().st_size > 0, name
-    return json.loads((out / "report.json").read_text())
+    return fast_run("memory", tmp_path_factory.mktemp("memory"), FILES)
 
 
 def _arms(report: dict[str, Any]) -> dict[str, dict[str, Any]]:

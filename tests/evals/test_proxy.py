@@ -15,6 +15,7 @@ from leyline.evals.proxy.scoring import choose
 from leyline.evals.proxy.summary import ARMS, summarize
 from leyline.evals.proxy.tasks import FAMILIES, WAIT_TOOL, Task, make_task, make_tasks
 from leyline.policies import TruncateOldToolOutputs, apply_to_messages, run_policy
+from tests.meta.fresh_python import eval_cli_loads
 
 TASKS = [make_task(seed, i, stale) for seed in (0, 7) for i in range(8) for stale in (1, 2, 5)]
 
@@ -84,12 +85,7 @@ def test_choice_merges_case_and_attributes_unique_prefixes() -> None:
 
 
 def test_cli_imports_no_torch_and_rejects_bad_levels() -> None:
-    code = (
-        "import sys; import leyline.evals.proxy.cli as c; "
-        "assert 'torch' not in sys.modules; print(c.HELP)"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    assert "torch" not in eval_cli_loads("proxy")
     bad = subprocess.run(
         [sys.executable, "-m", "leyline.cli.main", "eval", "proxy", "--stale", "0,2"],
         capture_output=True,

@@ -8,27 +8,23 @@ client must survive) and not forwarded.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
 
+from tests.policies.loopback import Loopback, QuietHandler, serving
 
-class FlakyProxy:
+
+class FlakyProxy(Loopback):
     def __init__(self, upstream_root: str, status: int = 503) -> None:
+        super().__init__(_handler(self))
         self.upstream = httpx.Client(base_url=upstream_root, timeout=300)
         self.status = status
         self.fail_directives = 0
         self.failed = 0
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._http.server_address[1]}/v1"
 
     def should_fail(self, body: bytes) -> bool:
         if self.fail_directives <= 0 or not body:
@@ -44,26 +40,21 @@ class FlakyProxy:
 @contextmanager
 def flaky_proxy(upstream_root: str, status: int = 503) -> Iterator[FlakyProxy]:
     proxy = FlakyProxy(upstream_root, status)
-    proxy._thread.start()
     try:
-        yield proxy
+        with serving(proxy):
+            yield proxy
     finally:
-        proxy._http.shutdown()
-        proxy._http.server_close()
         proxy.upstream.close()
 
 
 def _handler(proxy: FlakyProxy) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
+    class Handler(QuietHandler):
         def _forward(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             body = self.rfile.read(length) if length else b""
             if proxy.should_fail(body):
                 error = {"error": {"message": "injected failure", "type": "server_error"}}
-                self._reply(proxy.status, json.dumps(error).encode(), "application/json")
+                self.reply(proxy.status, json.dumps(error).encode(), "application/json")
                 return
             headers = {
                 k: v
@@ -71,18 +62,11 @@ def _handler(proxy: FlakyProxy) -> type[BaseHTTPRequestHandler]:
                 if k.lower() in {"content-type", "authorization"}
             }
             answer = proxy.upstream.request(self.command, self.path, content=body, headers=headers)
-            self._reply(
+            self.reply(
                 answer.status_code,
                 answer.content,
                 answer.headers.get("content-type", "application/json"),
             )
-
-        def _reply(self, status: int, data: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("content-type", content_type)
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
         do_GET = do_POST = do_DELETE = _forward
 

@@ -6,13 +6,12 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from leyline.protocol.schema import build_schema
+from tests.policies.loopback import Loopback, QuietHandler, serving
 
 
 def leyline(*args: str) -> subprocess.CompletedProcess[str]:
@@ -44,22 +43,16 @@ def test_help_names_every_command_and_unknown_ones_fail() -> None:
 @pytest.fixture()
 def plain_http_server() -> Iterator[str]:
     """A local HTTP server that is not Leyline: it answers 404 to everything."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    server = Loopback(_NotFound)
+    with serving(server):
+        yield server.root
 
 
-class _NotFound(BaseHTTPRequestHandler):
+class _NotFound(QuietHandler):
     def do_GET(self) -> None:
         self.send_error(404)
 
     do_POST = do_DELETE = do_GET
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 def test_conformance_against_a_server_that_is_not_leyline(plain_http_server: str) -> None:

@@ -13,6 +13,8 @@ import pytest
 from leyline.cli.eval_command import EVALS
 from leyline.evals.debug_gym import launcher
 
+from .fresh_python import loaded_in_fresh_python
+
 
 def leyline(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -38,13 +40,8 @@ def test_eval_help_lists_every_eval() -> None:
 
 
 def test_no_eval_imports_torch_at_parse_time() -> None:
-    code = (
-        "import sys; from leyline.cli.main import build_parser; build_parser(); "
-        "print('torch' in sys.modules)"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False"
+    statement = "from leyline.cli.main import build_parser; build_parser()"
+    assert "torch" not in loaded_in_fresh_python(statement)
 
 
 def test_debug_gym_launcher_passes_on_only_the_options_set() -> None:

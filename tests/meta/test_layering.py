@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .fresh_python import loaded_in_fresh_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,24 +60,15 @@ def test_layer_imports_only_what_it_may(layer: str) -> None:
 
 
 def test_protocol_and_policies_import_without_torch() -> None:
-    code = (
-        "import sys; import leyline.protocol, leyline.protocol.client, leyline.policies; "
-        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; "
-        "assert not bad, bad"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    statement = "import leyline.protocol, leyline.protocol.client, leyline.policies"
+    assert loaded_in_fresh_python(statement) == []
 
 
 def test_the_session_core_and_the_sglang_backend_import_without_torch() -> None:
     """Both backends share the core; the SGLang server process imports it beside SGLang's
     own torch, and ``make test`` runs the SGLang backend's logic without SGLang."""
-    code = (
-        "import sys; import leyline.core.routes, "
-        "leyline.core.service, leyline.sglang.backend; "
-        "bad = [m for m in ('torch', 'transformers', 'sglang') if m in sys.modules]; "
-        "assert not bad, bad"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    statement = "import leyline.core.routes, leyline.core.service, leyline.sglang.backend"
+    assert loaded_in_fresh_python(statement) == []
 
 
 def module_name(path: Path) -> str:

@@ -11,29 +11,24 @@ keeps the bodies it received so that tests can check what a client sent.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from .loopback import Loopback, QuietHandler, serving
 from .sse import sse
 
 
-class PlainServer:
+class PlainServer(Loopback):
     def __init__(self) -> None:
+        super().__init__(_handler(self))
         self.requests: list[dict[str, Any]] = []
         """Bodies of the chat requests, in order."""
         self.paths: list[str] = []
         """Every ``METHOD path`` asked, in order."""
         self.fail_next: list[int] = []
         """Statuses to answer the next chat requests with (then normal again)."""
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._http.server_address[1]}/v1"
 
     def chat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         self.requests.append(body)
@@ -61,19 +56,12 @@ class PlainServer:
 @contextmanager
 def plain_server() -> Iterator[PlainServer]:
     server = PlainServer()
-    server._thread.start()
-    try:
+    with serving(server):
         yield server
-    finally:
-        server._http.shutdown()
-        server._http.server_close()
 
 
 def _handler(server: PlainServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # quiet
-            pass
-
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             server.paths.append(f"GET {self.path}")
             if self.path.rstrip("/") == "/v1/models":
@@ -100,18 +88,9 @@ def _handler(server: PlainServer) -> type[BaseHTTPRequestHandler]:
             self._send(404, {"detail": "Not Found"})
 
         def _stream(self, data: bytes) -> None:
-            self.send_response(200)
-            self.send_header("content-type", "text/event-stream")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.reply(200, data, "text/event-stream")
 
         def _send(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.reply(status, json.dumps(body).encode())
 
     return Handler

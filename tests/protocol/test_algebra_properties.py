@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +29,19 @@ def base_and_batch(draw: st.DrawFn) -> tuple[list[int], list[Edit]]:
     return base, [Edit(e.start, e.end, e.replacement, e.mode, i) for i, e in enumerate(shuffled)]
 
 
+Case = tuple[list[int], list[Edit]]
+"""A base sequence and a batch of edits on it (``base_and_batch``)."""
+
+
+def on_random_batches(examples: int) -> Callable[[Callable[[Case], None]], Callable[[], None]]:
+    """A property test over ``examples`` random cases of ``base_and_batch``."""
+
+    def wrap(test: Callable[[Case], None]) -> Callable[[], None]:
+        return settings(max_examples=examples, deadline=None)(given(base_and_batch())(test))
+
+    return wrap
+
+
 def naive(base: list[int], edits: list[Edit]) -> tuple[list[int], list[int | None], int | None]:
     """Splice (token, old index) pairs right to left; a sentinel marks where forgetting starts."""
     items: list[tuple[int, int | None] | None] = [(t, i) for i, t in enumerate(base)]
@@ -47,11 +62,8 @@ def naive(base: list[int], edits: list[Edit]) -> tuple[list[int], list[int | Non
     return [t for t, _ in kept], old_to_new, forget_from
 
 
-@settings(max_examples=400, deadline=None)
-@given(base_and_batch())
-def test_sequence_and_position_map_match_naive_reference(
-    case: tuple[list[int], list[Edit]],
-) -> None:
+@on_random_batches(400)
+def test_sequence_and_position_map_match_naive_reference(case: Case) -> None:
     base, edits = case
     result = apply_edits(base, edits)
     tokens, old_to_new, _ = naive(base, edits)
@@ -61,11 +73,8 @@ def test_sequence_and_position_map_match_naive_reference(
         assert result.position_map.new_position(old) == new
 
 
-@settings(max_examples=400, deadline=None)
-@given(base_and_batch())
-def test_runs_cover_the_new_sequence_with_the_right_kinds(
-    case: tuple[list[int], list[Edit]],
-) -> None:
+@on_random_batches(400)
+def test_runs_cover_the_new_sequence_with_the_right_kinds(case: Case) -> None:
     base, edits = case
     result = apply_edits(base, edits)
     _, old_to_new, forget_from = naive(base, edits)
@@ -85,11 +94,8 @@ def test_runs_cover_the_new_sequence_with_the_right_kinds(
     assert result.reused_tokens + result.prefilled_tokens == len(result.tokens)
 
 
-@settings(max_examples=300, deadline=None)
-@given(base_and_batch())
-def test_delta_of_every_survivor_is_the_net_length_change_before_it(
-    case: tuple[list[int], list[Edit]],
-) -> None:
+@on_random_batches(300)
+def test_delta_of_every_survivor_is_the_net_length_change_before_it(case: Case) -> None:
     base, edits = case
     result = apply_edits(base, edits)
     for old in range(len(base)):

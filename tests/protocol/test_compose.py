@@ -160,74 +160,45 @@ def test_compose_defaults_and_insertion_point_forms() -> None:
     assert ComposeDirective(skill="s", at=0).recompute.mode == "none"
 
 
-@pytest.mark.parametrize(
-    ("extra", "code", "field"),
-    [
-        ({"at": -1}, ErrorCode.invalid_span, "directives[0].at"),
-        ({"at": "start"}, ErrorCode.invalid_directive, "directives[0].at"),
-        ({"at": 1.5}, ErrorCode.invalid_directive, "directives[0].at"),
-        ({"at": None}, ErrorCode.invalid_directive, "directives[0].at"),
-        ({"at": {"message": -1}}, ErrorCode.invalid_span, "directives[0].at.message"),
-        ({"at": {"message": 1, "x": 0}}, ErrorCode.invalid_directive, "directives[0].at.x"),
-        (
-            {"at": {"message": 1, "edge": "mid"}},
-            ErrorCode.invalid_directive,
-            "directives[0].at.edge",
-        ),
-        (
-            {"at": {"message": 1, "part": "body"}},
-            ErrorCode.invalid_directive,
-            "directives[0].at.part",
-        ),
-        ({"at": {"start": 1, "end": 2}}, ErrorCode.invalid_directive, "directives[0].at.message"),
-        ({"at": 0, "seam_tokens": -1}, ErrorCode.invalid_directive, "directives[0].seam_tokens"),
-        ({"at": 0, "seam_tokens": 257}, ErrorCode.invalid_directive, "directives[0].seam_tokens"),
-        ({"at": 0, "skill": ""}, ErrorCode.invalid_directive, "directives[0].skill"),
-        ({"at": 0, "skill": "x" * 129}, ErrorCode.invalid_directive, "directives[0].skill"),
-        (
-            {"at": 0, "span": {"start": 0, "end": 1}},
-            ErrorCode.invalid_directive,
-            "directives[0].span",
-        ),
-        ({"at": 0, "recompute": {}}, ErrorCode.invalid_directive, "directives[0].recompute"),
-        (
-            {"at": 0, "recompute": {"mode": "all"}},
-            ErrorCode.invalid_directive,
-            "directives[0].recompute",
-        ),
-        (
-            {"at": 0, "recompute": {"mode": "none", "ratio": 0.2}},
-            ErrorCode.invalid_directive,
-            "directives[0].recompute.ratio",
-        ),
-        (
-            {"at": 0, "recompute": {"mode": "deviation", "ratio": 0}},
-            ErrorCode.invalid_directive,
-            "directives[0].recompute.ratio",
-        ),
-        (
-            {"at": 0, "recompute": {"mode": "deviation", "ratio": 1.5}},
-            ErrorCode.invalid_directive,
-            "directives[0].recompute.ratio",
-        ),
-        (
-            {"at": 0, "recompute": {"mode": "attention", "ratio": 0}},
-            ErrorCode.invalid_directive,
-            "directives[0].recompute.ratio",
-        ),
-        (
-            {"at": 0, "recompute": {"mode": "attention", "ratio": 0.2, "queries": 9}},
-            ErrorCode.invalid_directive,
-            "directives[0].recompute.queries",
-        ),
-    ],
-)
+INVALID, SPAN = ErrorCode.invalid_directive, ErrorCode.invalid_span
+MALFORMED: list[tuple[dict[str, Any], ErrorCode, str]] = [
+    # A compose directive's fields besides ``verb`` and ``skill``; the error's code, and its
+    # field under ``directives[0].``.
+    ({"at": -1}, SPAN, "at"),
+    ({"at": "start"}, INVALID, "at"),
+    ({"at": 1.5}, INVALID, "at"),
+    ({"at": None}, INVALID, "at"),
+    ({"at": {"message": -1}}, SPAN, "at.message"),
+    ({"at": {"message": 1, "x": 0}}, INVALID, "at.x"),
+    ({"at": {"message": 1, "edge": "mid"}}, INVALID, "at.edge"),
+    ({"at": {"message": 1, "part": "body"}}, INVALID, "at.part"),
+    ({"at": {"start": 1, "end": 2}}, INVALID, "at.message"),
+    ({"at": 0, "seam_tokens": -1}, INVALID, "seam_tokens"),
+    ({"at": 0, "seam_tokens": 257}, INVALID, "seam_tokens"),
+    ({"at": 0, "skill": ""}, INVALID, "skill"),
+    ({"at": 0, "skill": "x" * 129}, INVALID, "skill"),
+    ({"at": 0, "span": {"start": 0, "end": 1}}, INVALID, "span"),
+    ({"at": 0, "recompute": {}}, INVALID, "recompute"),
+    ({"at": 0, "recompute": {"mode": "all"}}, INVALID, "recompute"),
+    ({"at": 0, "recompute": {"mode": "none", "ratio": 0.2}}, INVALID, "recompute.ratio"),
+    ({"at": 0, "recompute": {"mode": "deviation", "ratio": 0}}, INVALID, "recompute.ratio"),
+    ({"at": 0, "recompute": {"mode": "deviation", "ratio": 1.5}}, INVALID, "recompute.ratio"),
+    ({"at": 0, "recompute": {"mode": "attention", "ratio": 0}}, INVALID, "recompute.ratio"),
+    (
+        {"at": 0, "recompute": {"mode": "attention", "ratio": 0.2, "queries": 9}},
+        INVALID,
+        "recompute.queries",
+    ),
+]
+
+
+@pytest.mark.parametrize(("extra", "code", "field"), MALFORMED)
 def test_malformed_compose_names_the_field(
     extra: dict[str, Any], code: ErrorCode, field: str
 ) -> None:
     with pytest.raises(LeylineError) as info:
         parse_directives([{"verb": "compose", "skill": "s", **extra}])
-    assert (info.value.code, info.value.field) == (code, field), info.value
+    assert (info.value.code, info.value.field) == (code, f"directives[0].{field}"), info.value
 
 
 def test_an_unknown_recompute_mode_is_not_called_a_verb() -> None:

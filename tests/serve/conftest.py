@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,6 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+# The robustness eval starts `leyline serve` the same way: one port picker, one health wait.
+from leyline.evals.robustness.server import _free_port, _wait
 
 API_KEY = "test-key"
 MAX_DIRECTIVES = 8
@@ -34,12 +35,6 @@ class Server:
         )  # type: ignore[arg-type]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def serve(log: Path, *options: str, env: dict[str, str] | None = None) -> Iterator[Server]:
     """``leyline serve`` with ``options`` (and ``env`` on top of ours) on a free port, its
@@ -56,19 +51,8 @@ def serve(log: Path, *options: str, env: dict[str, str] | None = None) -> Iterat
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
     try:
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"leyline serve exited early:\n{log.read_text()}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"leyline serve did not come up:\n{log.read_text()}")
-            time.sleep(0.5)
+        _wait(process, base, log)
         yield Server(base, process)
     finally:
         process.terminate()
@@ -78,22 +62,24 @@ def serve(log: Path, *options: str, env: dict[str, str] | None = None) -> Iterat
             process.kill()
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    log = tmp_path_factory.mktemp("server") / "serve.log"
+def _test_server(
+    tmp_path_factory: pytest.TempPathFactory, name: str, env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """The server these tests share: 8 new tokens, ``MAX_DIRECTIVES``, ``MAX_BODY``."""
+    log = tmp_path_factory.mktemp(name) / "serve.log"
     options = ["--max-new-tokens", "8", "--max-directives", str(MAX_DIRECTIVES)]
     options += ["--max-body-bytes", str(MAX_BODY), "--max-sessions", "48"]
-    with serve(log, *options, "--log-level", "warning") as running:
+    with serve(log, *options, "--log-level", "warning", env=env) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from _test_server(tmp_path_factory, "server")
 
 
 @pytest.fixture(scope="session")
 def copy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The same server with in-place edits off (``LEYLINE_IN_PLACE_EDITS=0``: every splice
     builds a new KV, the path of forks and MLA models, docs/engine.md)."""
-    log = tmp_path_factory.mktemp("server-copy") / "serve.log"
-    options = ["--max-new-tokens", "8", "--max-directives", str(MAX_DIRECTIVES)]
-    options += ["--max-body-bytes", str(MAX_BODY), "--max-sessions", "48"]
-    env = {"LEYLINE_IN_PLACE_EDITS": "0"}
-    with serve(log, *options, "--log-level", "warning", env=env) as running:
-        yield running
+    yield from _test_server(tmp_path_factory, "server-copy", {"LEYLINE_IN_PLACE_EDITS": "0"})

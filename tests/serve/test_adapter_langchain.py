@@ -33,18 +33,11 @@ from leyline.policies.adapters.langchain import (
     leyline_clients_of,
 )
 
+from . import agent_task
+from .agent_task import FILES, POLICY, TASK, output
 from .conftest import API_KEY, Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
-
-TASK = "Why is the order total wrong? Read the files, then answer."
-FILES = 5  # scripted tool calls; the sixth call is the model's own answer
-POLICY = "truncate:keep_last=2"
-
-
-def output(path: str) -> str:
-    lines = [f"{i:>3} | total = price * quantity - discount_{path}_{i}" for i in range(12)]
-    return f"{path}\n" + "\n".join(lines)
 
 
 @tool
@@ -134,41 +127,27 @@ def run_agent(
     return wrapper.records, answer
 
 
-def check_splices(records: list[CallRecord]) -> None:
-    assert len(records) == FILES + 1, records
-    assert len({r.session for r in records}) == 1, "one run, one session"
-    assert all(r.leyline and r.resync is None and r.plan_fallback is None for r in records)
-    edited = [r for r in records if r.cleared_tool_uses]
-    assert all(r.path == "splice" and "splice" in r.verbs for r in edited), edited
-    cleared = [u for r in edited for u in r.cleared_tool_uses]
-    assert cleared == [f"call_{n}" for n in range(1, FILES - 1)], cleared  # keep_last=2
-
-
 def test_invoke_with_a_policy_splices_and_shrinks_the_prompt(server: Server) -> None:
     baseline, _ = run_agent(server, None, "baseline")
     records, answer = run_agent(server, POLICY, "policy")
-    check_splices(records)
+    agent_task.check_splices(records)
     assert isinstance(answer, str)
-    assert records[-1].prompt_tokens is not None and baseline[-1].prompt_tokens is not None
-    assert records[-1].prompt_tokens < baseline[-1].prompt_tokens
+    agent_task.check_shrinks(records, baseline)
 
 
 def test_the_same_edits_as_plain_messages_prefill_more(server: Server) -> None:
     spliced, _ = run_agent(server, POLICY, "spliced")
     plain, _ = run_agent(server, POLICY, "plain", directives=False)
-    assert all(not r.verbs for r in plain)
-    assert sum(r.prefilled_tokens or 0 for r in spliced[1:]) < sum(
-        r.prefilled_tokens or 0 for r in plain[1:]
-    )
+    agent_task.check_plain_prefills_more(spliced, plain)
 
 
 def test_stream(server: Server) -> None:
     records, _ = run_agent(server, POLICY, "stream", mode="stream")
-    check_splices(records)
+    agent_task.check_splices(records)
     assert all(r.streamed for r in records)
 
 
 def test_ainvoke(server: Server) -> None:
     records, answer = run_agent(server, POLICY, "async", mode="ainvoke")
-    check_splices(records)
+    agent_task.check_splices(records)
     assert isinstance(answer, str)

@@ -40,22 +40,16 @@ from leyline.policies.adapters.openai_agents import (
     use_leyline_by_default,
 )
 
+from . import agent_task
+from .agent_task import FILES, POLICY, TASK, output
 from .conftest import API_KEY, Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
-TASK = "Why is the order total wrong? Read the files, then answer."
-FILES = 5  # scripted tool calls; the sixth call is the model's own answer
-POLICY = "truncate:keep_last=2"
 SETTINGS = ModelSettings(
     max_tokens=4, temperature=0, retry=ModelRetrySettings(max_retries=0)
 )  # max_retries=0: the runner turns provider retries off with client.with_options(...)
 RUN = RunConfig(tracing_disabled=True)
-
-
-def output(path: str) -> str:
-    lines = [f"{i:>3} | total = price * quantity - discount_{path}_{i}" for i in range(12)]
-    return f"{path}\n" + "\n".join(lines)
 
 
 @function_tool
@@ -153,16 +147,6 @@ def run_agent(
     return asyncio.run(main())
 
 
-def check_splices(records: list[CallRecord]) -> None:
-    assert len(records) == FILES + 1, records
-    assert len({r.session for r in records}) == 1, "one run, one session"
-    assert all(r.leyline and r.resync is None and r.plan_fallback is None for r in records)
-    edited = [r for r in records if r.cleared_tool_uses]
-    assert all(r.path == "splice" and "splice" in r.verbs for r in edited), edited
-    cleared = [u for r in edited for u in r.cleared_tool_uses]
-    assert cleared == [f"call_{n}" for n in range(1, FILES - 1)], cleared  # keep_last=2
-
-
 @pytest.fixture(scope="module")
 def baseline(server: Server) -> list[CallRecord]:
     records, _ = run_agent(server, None, "baseline")
@@ -171,16 +155,14 @@ def baseline(server: Server) -> list[CallRecord]:
 
 def test_runner_run_with_a_policy(server: Server, baseline: list[CallRecord]) -> None:
     records, result = run_agent(server, POLICY, "policy")
-    check_splices(records)
+    agent_task.check_splices(records)
     assert isinstance(result.final_output, str)
-    # The final prompt: the policy's stubs against the full tool outputs.
-    assert records[-1].prompt_tokens is not None and baseline[-1].prompt_tokens is not None
-    assert records[-1].prompt_tokens < baseline[-1].prompt_tokens
+    agent_task.check_shrinks(records, baseline)
 
 
 def test_runner_run_streamed(server: Server) -> None:
     records, result = run_agent(server, POLICY, "streamed", streamed=True)
-    check_splices(records)
+    agent_task.check_splices(records)
     assert all(r.streamed for r in records)
     assert isinstance(result.final_output, str)
 
@@ -188,10 +170,7 @@ def test_runner_run_streamed(server: Server) -> None:
 def test_the_same_edits_as_plain_messages_prefill_more(server: Server) -> None:
     spliced, _ = run_agent(server, POLICY, "spliced")
     plain, _ = run_agent(server, POLICY, "plain", directives=False)
-    assert all(not r.verbs for r in plain)
-    assert sum(r.prefilled_tokens or 0 for r in spliced[1:]) < sum(
-        r.prefilled_tokens or 0 for r in plain[1:]
-    )
+    agent_task.check_plain_prefills_more(spliced, plain)
 
 
 def test_the_default_client(server: Server) -> None:

@@ -19,7 +19,7 @@ import pytest
 from leyline.policies import EstimateCounter, LeylineOpenAI, PinnedSpanError
 
 from .conftest import API_KEY, Server, serve
-from .test_sdk_wrapper import ask, opening, output
+from .test_sdk_wrapper import ask, asked_twice, opening, turn
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
@@ -49,38 +49,22 @@ def session_info(server: Server, session: str) -> dict[str, Any]:
         return data
 
 
-def tool_turn(n: int, thought: str | None = None) -> list[dict[str, Any]]:
-    call = {"name": "read_file", "arguments": f'{{"path": "file_{n}.py"}}'}
-    content = f"<think>{thought}</think>Reading file_{n}.py." if thought else None
-    return [
-        {
-            "role": "assistant",
-            "content": content,
-            "tool_calls": [{"id": f"call_{n}", "type": "function", "function": call}],
-        },
-        {"role": "tool", "tool_call_id": f"call_{n}", "content": output(n)},
-    ]
-
-
 def test_a_pinned_system_prompt_refuses_an_edit(server: Server) -> None:
     wrapper = wrapped(server, 'pin:roles=["system"]')
-    history = opening("Why is the order total wrong?")
-    ask(wrapper, history)
-    history += tool_turn(2)
-    ask(wrapper, history)
+    history = asked_twice(wrapper)
     assert "pin" in wrapper.records[-1].verbs, wrapper.records[-1]
     info = session_info(server, wrapper.session)
     assert [m["verb"] for m in info["marks"]] == ["pin"]
     before = (info["revision"], info["tokens"])
     rewritten = [{"role": "system", "content": "You are a careless agent."}, *history[1:]]
     with pytest.raises(PinnedSpanError) as caught:
-        ask(wrapper, [*rewritten, *tool_turn(3)])
+        ask(wrapper, [*rewritten, *turn(3)])
     assert caught.value.session == wrapper.session
     after = session_info(server, wrapper.session)
     assert (after["revision"], after["tokens"]) == before, "the session changed"
     assert len(wrapper.records) == 2, "a refused call is not recorded"
     # The episode is as it was: the same conversation goes on, on the splice path.
-    history += tool_turn(3)
+    history += turn(3)
     ask(wrapper, history)
     record = wrapper.records[-1]
     assert record.resync is None and record.path in ("splice", "prefix_hit"), record
@@ -89,9 +73,9 @@ def test_a_pinned_system_prompt_refuses_an_edit(server: Server) -> None:
 
 def test_scratch_reasoning_is_dropped_after_its_turn(server: Server) -> None:
     wrapper = wrapped(server, "scratch:keep=1")
-    history = [*opening("Why is the order total wrong?")[:2], *tool_turn(1, "look at a.py")]
+    history = [*opening("Why is the order total wrong?")[:2], *turn(1, "look at a.py")]
     ask(wrapper, history)
-    history += tool_turn(2, "the discount is applied twice, check b.py")
+    history += turn(2, "the discount is applied twice, check b.py")
     ask(wrapper, history)
     first = wrapper.records[-1]
     assert "scratch" in first.verbs and first.resync is None, first
@@ -101,7 +85,7 @@ def test_scratch_reasoning_is_dropped_after_its_turn(server: Server) -> None:
     assert [(d.verb, d.message) for d in first.dropped] == [("scratch", 2)], first
     served = wrapper.planner.served[2]
     assert served["content"] == "Reading file_1.py."
-    history += tool_turn(3, "b.py confirms it")
+    history += turn(3, "b.py confirms it")
     ask(wrapper, history)
     record = wrapper.records[-1]
     assert record.resync is None and record.plan_fallback is None, record
@@ -119,16 +103,13 @@ def test_scratch_reasoning_is_dropped_after_its_turn(server: Server) -> None:
 def test_decay_spans_dropped_under_pressure_are_mirrored(tight_server: Server) -> None:
     policy = 'pin:roles=["system"],ttl_s=600 | clear_tool_uses:trigger=1,keep=1,decay=true'
     wrapper = wrapped(tight_server, policy)
-    history = opening("Why is the order total wrong?")
-    ask(wrapper, history)
-    history += tool_turn(2)
-    ask(wrapper, history)
+    history = asked_twice(wrapper)
     marked = wrapper.records[-1]
     assert "decay" in marked.verbs and "pin" in marked.verbs, marked
     # Over its budget, the server dropped the marked output when the lease ended.
     info = session_info(tight_server, wrapper.session)
     assert [d["verb"] for d in info["dropped"]] == ["decay"], info
-    history += tool_turn(3)
+    history += turn(3)
     ask(wrapper, history)
     record = wrapper.records[-1]
     assert [(d.verb, d.message) for d in record.dropped] == [("decay", 3)], record
@@ -143,7 +124,7 @@ def test_decay_spans_dropped_under_pressure_are_mirrored(tight_server: Server) -
     assert record.reused_tokens is not None and record.reused_tokens >= held - 8, record
     sent = wrapper.episode.last_plan.messages  # type: ignore[union-attr]
     assert sent[3]["content"] == "[cleared]"
-    history += tool_turn(4)
+    history += turn(4)
     ask(wrapper, history)
     assert wrapper.records[-1].resync is None, wrapper.records[-1]
     wrapper.close()

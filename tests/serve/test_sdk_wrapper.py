@@ -28,13 +28,16 @@ def output(n: int) -> str:
     return f"file_{n}.py\n" + "\n".join(lines)
 
 
-def turn(n: int) -> list[dict[str, Any]]:
+def turn(n: int, thought: str | None = None) -> list[dict[str, Any]]:
+    """The agent's scripted ``read_file`` call of ``file_<n>.py`` (after its reasoning
+    ``thought``, if any) and the tool's output."""
     arguments = json.dumps({"path": f"file_{n}.py"})
     function = {"name": "read_file", "arguments": arguments}
+    content = f"<think>{thought}</think>Reading file_{n}.py." if thought else None
     return [
         {
             "role": "assistant",
-            "content": None,
+            "content": content,
             "tool_calls": [{"id": f"call_{n}", "type": "function", "function": function}],
         },
         {"role": "tool", "tool_call_id": f"call_{n}", "content": output(n)},
@@ -59,6 +62,16 @@ def ask(wrapper: LeylineOpenAI, messages: list[Any], **options: Any) -> Any:
     return wrapper.chat.completions.create(
         model="smollm2", messages=messages, max_tokens=4, temperature=0, **options
     )
+
+
+def asked_twice(wrapper: LeylineOpenAI) -> list[dict[str, Any]]:
+    """The opening of the order-total task, then one more tool turn, each asked: the
+    history so far."""
+    history = opening("Why is the order total wrong?")
+    ask(wrapper, history)
+    history += turn(2)
+    ask(wrapper, history)
+    return history
 
 
 def test_streaming_with_directives_splices_and_streams_the_same_text(server: Server) -> None:
@@ -88,10 +101,7 @@ def test_streaming_with_directives_splices_and_streams_the_same_text(server: Ser
 
 def test_an_unrelated_conversation_starts_a_new_session(server: Server) -> None:
     wrapper = wrapped(server, "truncate:keep_last=1")
-    a = opening("Why is the order total wrong?")
-    ask(wrapper, a)
-    a += turn(2)
-    ask(wrapper, a)
+    a = asked_twice(wrapper)
     b = opening("Rename the variable total to amount.")
     ask(wrapper, b)
     record = wrapper.records[-1]

@@ -53,16 +53,20 @@ def test_forget_drops_everything_past_the_edit_point(kind: TreeKind) -> None:
 
 
 @pytest.mark.parametrize("kind", TREE_KINDS)
-def test_forget_drops_what_a_generation_appended(kind: TreeKind) -> None:
-    """OLD's last node is no longer a leaf: the generation's node hangs below it."""
-    stack = build(kind)
+@pytest.mark.parametrize(("page_size", "at", "kept"), [(1, 30, 30), (4, 31, 28)])
+def test_forget_drops_what_a_generation_appended(
+    kind: TreeKind, page_size: int, at: int, kept: int
+) -> None:
+    """OLD's last node is no longer a leaf: the generation's node hangs below it. On pages
+    of 4, the edit point is rounded down to a page (31 -> 28)."""
+    stack = build(kind, page_size=page_size)
     stack.prefill(OLD)
     _cache(stack, OLD + GENERATED)
     ops = TreeOps(stack.tree)
-    out = forget_after(ops, OLD, 30)
-    assert (out.kept_prefix, out.purged) == (30, True)
-    assert ops.match(OLD + GENERATED).length == 30
-    assert stack.allocator.available_size() == stack.size - 30
+    out = forget_after(ops, OLD, at)
+    assert (out.kept_prefix, out.purged) == (kept, True)
+    assert ops.match(OLD + GENERATED).length == kept
+    assert stack.allocator.available_size() == stack.size - kept
     _check_clean(stack)
 
 
@@ -117,18 +121,6 @@ def test_forget_drops_the_unlocked_part_below_a_locked_node(kind: TreeKind) -> N
     ops.unlock(handle)
     assert forget_after(ops, OLD, 30).purged is True
     assert ops.match(OLD).length == 30
-    _check_clean(stack)
-
-
-@pytest.mark.parametrize("kind", TREE_KINDS)
-def test_forget_on_pages_rounds_the_edit_point_down(kind: TreeKind) -> None:
-    stack = build(kind, page_size=4)
-    stack.prefill(OLD)
-    _cache(stack, OLD + GENERATED)
-    ops = TreeOps(stack.tree)
-    out = forget_after(ops, OLD, 31)
-    assert (out.kept_prefix, out.purged) == (28, True)
-    assert ops.match(OLD + GENERATED).length == 28
     _check_clean(stack)
 
 

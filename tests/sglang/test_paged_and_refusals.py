@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import pytest
 import torch
 
@@ -11,9 +13,10 @@ from leyline.protocol.errors import ErrorCode, LeylineError
 from leyline.protocol.fallback import FallbackReason
 from leyline.sglang.tree_ops import TreeOps
 
-from ._stack import LORA, TREE_KINDS, TreeKind, build, free_slot_count
+from ._stack import LORA, TREE_KINDS, Stack, TreeKind, build, free_slot_count
 
 OLD = list(range(100, 180))
+E = TypeVar("E", bound=Exception)
 
 
 def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
@@ -97,37 +100,37 @@ def test_paged_replacement_in_the_last_partial_page_stops_the_build(kind: TreeKi
     assert out.fallback_reason is FallbackReason.page_alignment
 
 
+def _refused(stack: Stack, edit: Edit, error: type[E]) -> E:
+    """The splice of ``edit`` on ``OLD`` raises ``error``, leaving pool, allocator and
+    tree as they were."""
+    before = stack.snapshot()
+    with pytest.raises(error) as info:
+        stack.executor().splice(OLD, [edit])
+    assert _same(before, stack.snapshot())
+    return info.value
+
+
 @pytest.mark.parametrize("kind", TREE_KINDS)
 def test_missing_source_changes_nothing(kind: TreeKind) -> None:
     stack = build(kind)
     stack.prefill(OLD[:40])  # the cache lost the old sequence's tail
-    before = stack.snapshot()
-    with pytest.raises(SpliceUnsupportedError) as info:
-        stack.executor().splice(OLD, [Edit(10, 20)])
-    assert info.value.reason is FallbackReason.missing_source
-    assert _same(before, stack.snapshot())
+    refusal = _refused(stack, Edit(10, 20), SpliceUnsupportedError)
+    assert refusal.reason is FallbackReason.missing_source
 
 
 @pytest.mark.parametrize("kind", TREE_KINDS)
 def test_invalid_span_changes_nothing(kind: TreeKind) -> None:
     stack = build(kind)
     stack.prefill(OLD)
-    before = stack.snapshot()
-    with pytest.raises(LeylineError) as info:
-        stack.executor().splice(OLD, [Edit(70, 90)])
-    assert info.value.code is ErrorCode.invalid_span
-    assert _same(before, stack.snapshot())
+    assert _refused(stack, Edit(70, 90), LeylineError).code is ErrorCode.invalid_span
 
 
 @pytest.mark.parametrize("kind", TREE_KINDS)
 def test_no_room_changes_nothing(kind: TreeKind) -> None:
     stack = build(kind, size=96)
     stack.prefill(OLD)  # 80 of 96 slots, locked by nothing but needed as the source
-    before = stack.snapshot()
-    with pytest.raises(LeylineError) as info:
-        stack.executor().splice(OLD, [Edit(1, 5)])  # needs 75 fresh slots
-    assert info.value.code is ErrorCode.limit_exceeded
-    assert _same(before, stack.snapshot())
+    refusal = _refused(stack, Edit(1, 5), LeylineError)  # needs 75 fresh slots
+    assert refusal.code is ErrorCode.limit_exceeded
 
 
 @pytest.mark.parametrize("kind", TREE_KINDS)

@@ -24,10 +24,11 @@ from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCrea
 from leyline.protocol.spans import TokenSpan
 from leyline.sglang import plugin
 from leyline.sglang.backend import SglangBackend
-from leyline.sglang.link import SchedulerAnswer, SchedulerOrder, checked
+from leyline.sglang.link import SchedulerAnswer
 from leyline.sglang.scheduler_side import handle
+from leyline.sglang.tokenizer_side import TokenizerManagerLink
 from leyline.sglang.tree_ops import TreeOps
-from leyline.sglang.wire import LeylineSpliceReqInput, LeylineSpliceReqOutput, from_wire, to_wire
+from leyline.sglang.wire import LeylineSpliceReqInput, LeylineSpliceReqOutput, from_wire
 
 from ._stack import Stack, build
 from .test_splice_mla import _prefill_extension
@@ -63,10 +64,12 @@ def test_wire_structs_survive_sglang_ipc_encoding() -> None:
     assert msgpack_decode(msgpack_encode(out)) == out
 
 
-class _LocalLink:
-    """The scheduler in-process: real tree and pool, no zmq."""
+class _LocalLink(TokenizerManagerLink):
+    """The scheduler in-process: real tree and pool, no zmq. The server process's link
+    (``send``, ``hold``, ``release``) with its IPC hop replaced by a direct call."""
 
     def __init__(self, stack: Stack) -> None:
+        super().__init__(tokenizer_manager=None)
         self.stack = stack
         model = torch.nn.Module()
         model.rotary_emb = stack.rope
@@ -79,22 +82,8 @@ class _LocalLink:
         self.prefilled: list[int] = []
         self.salts: list[str | None] = []
 
-    async def send(self, order: SchedulerOrder) -> SchedulerAnswer:
-        return from_wire(handle(self.scheduler, to_wire(order)))
-
-    async def hold(
-        self,
-        key: str,
-        tokens: Sequence[int],
-        evictable: Sequence[str] = (),
-        salt: str | None = None,
-    ) -> tuple[int, tuple[str, ...]]:
-        order = SchedulerOrder("hold", tokens, key=key, evictable=evictable, old_salt=salt)
-        answer = checked(from_wire(handle(self.scheduler, to_wire(order))))
-        return answer.cached_tokens, answer.released
-
-    async def release(self, key: str) -> None:
-        checked(from_wire(handle(self.scheduler, to_wire(SchedulerOrder("release", key=key)))))
+    async def _ask(self, req: LeylineSpliceReqInput) -> SchedulerAnswer:
+        return from_wire(handle(self.scheduler, req))
 
     async def prefill(self, tokens: Sequence[int], salt: str | None = None) -> None:
         self.prefilled.append(len(tokens))

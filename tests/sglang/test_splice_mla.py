@@ -32,6 +32,15 @@ def _splice(stack: Stack, replacement: tuple[int, ...] = ()):
     return executor.splice(OLD, [edit], inserted_rows=rows)
 
 
+def _cut_slots(kind: TreeKind) -> tuple[Stack, torch.Tensor, torch.Tensor]:
+    """The cut of ``SPAN`` on a fresh stack: the stack, and the slots of the old and of the
+    new sequence."""
+    stack = build(kind)
+    out = _splice(stack)
+    ops = TreeOps(stack.tree)
+    return stack, ops.match(OLD).slots, ops.match(list(out.tokens)).slots
+
+
 @pytest.mark.parametrize("kind", TREE_KINDS)
 def test_spliced_sequence_rematches_all_but_its_moved_last_token(kind: TreeKind) -> None:
     """The moved last token must see its new context before anything follows it (protocol
@@ -49,10 +58,7 @@ def test_spliced_sequence_rematches_all_but_its_moved_last_token(kind: TreeKind)
 
 @pytest.mark.parametrize("kind", TREE_KINDS)
 def test_rotated_band_matches_sglang_rope_at_new_positions(kind: TreeKind) -> None:
-    stack = build(kind)
-    out = _splice(stack)
-    ops = TreeOps(stack.tree)
-    old_slots, new_slots = ops.match(OLD).slots, ops.match(list(out.tokens)).slots
+    stack, old_slots, new_slots = _cut_slots(kind)
     moved_new = new_slots[20:]
     moved_old = old_slots[50 : 50 + len(moved_new)]
     raw = torch.stack([stack.raw_band[int(s)] for s in moved_old])
@@ -69,10 +75,7 @@ def test_rotated_band_matches_sglang_rope_at_new_positions(kind: TreeKind) -> No
 
 @pytest.mark.parametrize("kind", TREE_KINDS)
 def test_latent_and_unmoved_prefix_are_kept_bitwise(kind: TreeKind) -> None:
-    stack = build(kind)
-    out = _splice(stack)
-    ops = TreeOps(stack.tree)
-    old_slots, new_slots = ops.match(OLD).slots, ops.match(list(out.tokens)).slots
+    stack, old_slots, new_slots = _cut_slots(kind)
     assert torch.equal(new_slots[:20], old_slots[:20])  # the prefix is shared, not copied
     moved = old_slots[50 : 50 + len(new_slots) - 20]
     for buf in stack.pool.kv_buffer:

@@ -4,13 +4,16 @@ of the same tokens and edits, and the one measure they are compared by."""
 from __future__ import annotations
 
 import json
+import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import pytest
 import torch
 
 from leyline.protocol.algebra import Edit
@@ -165,6 +168,20 @@ def reference_logprobs(
     return torch.log_softmax(session.next_token_logits().double(), -1)
 
 
+def reference_compose_logprobs(
+    engine: Engine, tokens: Sequence[int], skill: Sequence[int], at: int, seam: int
+) -> torch.Tensor:
+    """The reference engine's next-token logprobs after prefilling ``tokens`` and composing
+    ``skill`` (compiled on its own) at ``at`` with a ``seam``-token seam, float64."""
+    from leyline.engine.edits.skills import compile_skill
+    from leyline.engine.session import SessionCache
+
+    session = SessionCache(engine)
+    session.prefill(tokens)
+    session.compose(compile_skill(engine, skill, skill_id="x", tenant="t"), at, seam_tokens=seam)
+    return torch.log_softmax(session.next_token_logits().double(), -1)
+
+
 def max_delta(top: dict[int, float], reference: torch.Tensor) -> float:
     """max |Δ logprob| over SGLang's top-20 tokens against the reference's full vector."""
     return max(abs(lp - float(reference[tok])) for tok, lp in top.items())
@@ -175,3 +192,18 @@ def record(path: Path | None, **figures: Any) -> None:
     if path is not None:
         with path.open("a") as f:
             f.write(json.dumps(figures) + "\n")
+
+
+@contextmanager
+def switched_on(variable: str, how: str) -> Iterator[None]:
+    """A negative control's switch in the live shims (tests/sglang_live/_stubs): on while
+    the file that the environment variable ``variable`` names exists, here and in the
+    server alike. Fails, saying ``how`` to set it, when the variable is not set."""
+    flag = os.environ.get(variable)
+    if not flag:
+        pytest.fail(f"{variable} is not set: {how}")
+    Path(flag).touch()
+    try:
+        yield
+    finally:
+        Path(flag).unlink()

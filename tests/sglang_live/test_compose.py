@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import torch
 
 from leyline.protocol.resources import Routes
 
@@ -29,6 +28,7 @@ from ._live import (
     max_delta,
     prompt_text,
     record,
+    reference_compose_logprobs,
     reference_logprobs,
     session_generate,
     session_tokens,
@@ -50,7 +50,9 @@ def _register(server: httpx.Client, skill: str, tokens: list[int]) -> dict[str, 
     return dict(reply.json())
 
 
-def _turn_top(server: httpx.Client, session: str, tokens: list[int]) -> tuple[dict, dict]:
+def _turn_top(
+    server: httpx.Client, session: str, tokens: list[int]
+) -> tuple[dict[int, float], dict[str, Any]]:
     """The session's distribution (by token id) and the turn's ``leyline`` report."""
     got = session_generate(server, session, tokens)
     assert got.report is not None
@@ -60,9 +62,6 @@ def _turn_top(server: httpx.Client, session: str, tokens: list[int]) -> tuple[di
 def test_compose_matches_the_reference_compose_and_stays_private(
     server: httpx.Client, reference: Engine, report_path: Path | None
 ) -> None:
-    from leyline.engine.edits.skills import compile_skill
-    from leyline.engine.session import SessionCache
-
     tokens = list(reference.encode(prompt_text("compose")))
     skill = list(reference.encode(f"{RULES} (rule set {uuid.uuid4().hex[:6]})"))
     skill_id = f"rules-{uuid.uuid4().hex[:8]}"
@@ -84,11 +83,7 @@ def test_compose_matches_the_reference_compose_and_stays_private(
     got, turn = _turn_top(server, session, new)
     assert turn["path"] == "prefix_hit" and turn["reused_tokens"] == len(new) - 1, turn
 
-    ref = SessionCache(reference)
-    ref.prefill(tokens)
-    ref.compose(compile_skill(reference, skill, skill_id="x", tenant="t"), at, seam_tokens=SEAM)
-    expected = torch.log_softmax(ref.next_token_logits().double(), -1)
-    delta = max_delta(got, expected)
+    delta = max_delta(got, reference_compose_logprobs(reference, tokens, skill, at, SEAM))
     full = reference_logprobs(reference, new)
     gap = max_delta(got, full)
     # Nobody else reads the composed KV: a plain generate of the same tokens finds only
@@ -148,9 +143,6 @@ def test_composes_under_load_leak_nothing(
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    from leyline.engine.edits.skills import compile_skill
-    from leyline.engine.session import SessionCache
-
     from .test_load import _idle_used_tokens
 
     url = os.environ["LEYLINE_SGLANG_URL"]
@@ -175,11 +167,8 @@ def test_composes_under_load_leak_nothing(
     for out in outs:
         assert out["body"]["path"] == "splice" and out["body"]["fallback_reason"] is None
         assert out["turn"]["reused_tokens"] == len(out["tokens"]) - 1, out["turn"]
-    ref = SessionCache(reference)
-    ref.prefill(prompts[0])
-    ref.compose(compile_skill(reference, skills[ids[0]], skill_id="x", tenant="t"), 10,
-                seam_tokens=SEAM)  # fmt: skip
-    delta = max_delta(outs[0]["top"], torch.log_softmax(ref.next_token_logits().double(), -1))
+    expected = reference_compose_logprobs(reference, prompts[0], skills[ids[0]], 10, SEAM)
+    delta = max_delta(outs[0]["top"], expected)
     for skill_id in ids:
         assert server.delete(Routes.skill.format(skill=skill_id)).status_code == 204
     after = _idle_used_tokens(server)
@@ -197,7 +186,7 @@ def test_the_sdk_composes_a_registered_skill_in_a_chat(server: httpx.Client) -> 
     ``LeylineOpenAI`` sends a compose for it in a chat turn; the block's KV is copied."""
     import os
 
-    from ..server.sdk_compose import chat_with_a_skill
+    from ..serve.sdk_compose import chat_with_a_skill
 
     url = os.environ["LEYLINE_SGLANG_URL"]
     assert server.get(Routes.capabilities).json()["skill_anchors"] is True

@@ -10,7 +10,6 @@ rotation off (tests/sglang_live/_stubs/leyline_live_shims.py) and must disagree.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +33,7 @@ from ._live import (
     reference_logprobs,
     session_generate,
     session_tokens,
+    switched_on,
 )
 
 if TYPE_CHECKING:
@@ -89,25 +89,19 @@ def test_prefill_matches_reference(
     assert delta <= TOLERANCE
 
 
+@pytest.mark.parametrize(
+    ("kind", "replacement"), [("cut", ""), ("replace", STUB)], ids=["cut", "replacement"]
+)
 def test_splice_matches_reference_splice(
-    server: httpx.Client, reference: Engine, report_path: Path | None
+    server: httpx.Client, reference: Engine, report_path: Path | None, kind: str, replacement: str
 ) -> None:
-    """A cut (no replacement): every downstream token's KV is rotated, none recomputed."""
-    s = _splice(server, reference, "splice-cut", "")
+    """A cut (no replacement): every downstream token's KV is rotated, none recomputed.
+    With a replacement, it is prefilled by an ordinary generate of ``new[:end of the
+    replacement]``; every downstream token keeps its old KV, rotated. Either way equal to
+    the reference's splice of the same edit."""
+    s = _splice(server, reference, f"splice-{kind}", replacement)
     delta = max_delta(s.got.top, reference_logprobs(reference, s.tokens, [s.edit]))
-    record(report_path, check="splice (cut)", max_delta_logprob=delta, **s.facts())
-    assert delta <= TOLERANCE
-
-
-def test_splice_with_replacement(
-    server: httpx.Client, reference: Engine, report_path: Path | None
-) -> None:
-    """The replacement is prefilled by an ordinary generate of ``new[:end of the
-    replacement]``; every downstream token keeps its old KV, rotated. Equal to the
-    reference's splice of the same edit."""
-    s = _splice(server, reference, "splice-replace", STUB)
-    delta = max_delta(s.got.top, reference_logprobs(reference, s.tokens, [s.edit]))
-    record(report_path, check="splice (replace)", max_delta_logprob=delta, **s.facts())
+    record(report_path, check=f"splice ({kind})", max_delta_logprob=delta, **s.facts())
     assert delta <= TOLERANCE
 
 
@@ -179,17 +173,12 @@ def test_rotation_off_fails_the_comparison(
 ) -> None:
     """Negative control: with the plugin's rotation switched off, the splice must disagree
     with the reference. Passing only with the switch in place shows the comparison can fail."""
-    flag = os.environ.get(ROTATION_OFF_FLAG)
-    if not flag:
-        pytest.fail(
-            f"{ROTATION_OFF_FLAG} is not set: start the server with it (and tests/sglang_live/"
-            "_stubs on its PYTHONPATH, as live_server.sh does) and pass the same value here"
-        )
-    Path(flag).touch()
-    try:
+    how = (
+        "start the server with it (and tests/sglang_live/_stubs on its PYTHONPATH, as "
+        "live_server.sh does) and pass the same value here"
+    )
+    with switched_on(ROTATION_OFF_FLAG, how):
         s = _splice(server, reference, "rotation-off", "")
-    finally:
-        Path(flag).unlink()
     delta = max_delta(s.got.top, reference_logprobs(reference, s.tokens, [s.edit]))
     check = "splice (cut), rotation OFF: must fail"
     record(report_path, check=check, max_delta_logprob=delta, **s.facts())

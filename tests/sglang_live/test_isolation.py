@@ -12,7 +12,6 @@ switch) and must fail the same comparison: the check can fail.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ from ._live import (
     reference_logprobs,
     session_generate,
     session_tokens,
+    switched_on,
 )
 
 if TYPE_CHECKING:
@@ -147,17 +147,12 @@ def test_a_mutant_that_shares_spliced_kv_fails_the_check(
 ) -> None:
     """Negative control: with splices built in the shared namespace (the live shim's
     switch), a stranger is served the spliced KV and the comparison must fail."""
-    flag = os.environ.get(SHARED_SPLICE_FLAG)
-    if not flag:
-        pytest.fail(
-            f"{SHARED_SPLICE_FLAG} is not set: start the server with it (live_server.sh does, "
-            "from live_check.sh) and pass the same value here"
-        )
-    Path(flag).touch()
-    try:
+    how = (
+        "start the server with it (live_server.sh does, from live_check.sh) and pass the "
+        "same value here"
+    )
+    with switched_on(SHARED_SPLICE_FLAG, how):
         edit, deltas, facts = _strangers(server, reference, "mutant")
-    finally:
-        Path(flag).unlink()
     record(report_path, check="isolation, MUTANT (shared splice): must fail", **deltas, **facts)
     assert facts["plain_cached"] > edit.start, (
         f"with the mutant on, a plain request still found only {facts['plain_cached']} "
