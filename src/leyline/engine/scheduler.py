@@ -1,51 +1,12 @@
 """The reference engine's model scheduler: every job and decode step, one at a time, fairly.
 
-This CPU runs one forward at a time well, so all model work is serialised; what changes with
-concurrent clients is the order. Two rules make the work a splice saves show as latency:
-
-- **Decode steps are batched.** A generation, once its prompt is in the cache, joins the
-  running set; each scheduler turn runs one decode step for all of them in one forward
-  (``batched_decode``), so B generations read the weights once a step, not B times.
-- **Jobs are sliced at prefill chunks.** A job (an edit, a prefill) runs on its own thread
-  but only while it holds the model; between two prefill chunks (``yield_points``) it hands
-  the model back, a decode step runs, and the ready job that has held the model least so
-  far goes next (least attained service, which approximates shortest-remaining-first
-  without knowing job sizes). A short job (a splice) therefore waits for a chunk, not for a
-  whole long prefill queued before it, and running generations keep producing tokens
-  during a long prefill.
-
-The scheduler alternates: decode steps of the running generations, then one slice of a
-ready job. By default that is one step per slice, so a generation advances one token per
-prefill chunk of the other clients' prompts (a chunk costs 10-20 decode steps on this
-CPU). ``decode_share`` gives the generations more: after a slice, decode steps run until
-their time reaches ``share / (1 - share)`` of that slice's (at least one step), i.e. up to
-that share of the model while both kinds of work wait; prefills keep the rest. At most
-``max_jobs`` jobs are started and unfinished at a time (their buffers coexist); the rest
-wait in arrival order.
-
-**Which job goes next** is the ``policy``'s choice:
-
-- ``las`` (this class's default): least attained service, as above; it needs no job sizes.
-- ``srpt``: shortest remaining processing time, the order that minimises mean response time
-  on one server when requests arrive on their own (with a fixed set of clients each waiting
-  for its reply, the mean is fixed by throughput and the order only says who waits). A job
-  submitted with a ``cost`` (tokens it runs through the model; each server turn gives one,
-  ``work_estimates.turn_cost``) is estimated at that many tokens times the seconds per
-  token the scheduler has measured, less what it has held the model so far; a job without
-  one falls back to its attained service (``work_estimates``). ``aging`` takes that many
-  seconds off a job's estimate per second it has waited for its next slice, so a long job
-  is not starved by a stream of short ones. Generations are work too: besides the one step
-  per slice, decode steps keep running while the running generation nearest its end
-  (tokens left times the measured step time) has less left than the job about to run; a
-  short reply then finishes before a long prefill's next chunk instead of one token per
-  chunk, while a long generation keeps the one-step-per-slice pace and leaves the model to
-  the prompts waiting for their first token. The server runs ``srpt`` by default
-  (``leyline serve --schedule``), since every turn knows its size.
-
-**Exclusive jobs** (anything that purges the shared prefix cache: FORGET) run alone: they
-start once no other job is in flight and no generation is running, and nothing starts until
-they end. A job interleaved with a purge could otherwise publish, after it, KV it matched
-before it; serial order is what the protocol's FORGET promises (docs/protocol.md, 3.2).
+A CPU runs one forward at a time well, so model work is serialised and only its order
+changes with concurrent clients: decode steps of all running generations are batched into
+one forward, jobs (edits, prefills) are sliced at prefill chunks so a short splice waits
+for a chunk rather than a whole prefill, the next slice goes by ``policy`` (``las`` least
+attained service, ``srpt`` shortest estimated work left, with ``aging``), and jobs that
+purge the prefix cache (FORGET) run alone. The rules and their measured effects are in
+docs/server.md ("Concurrency and cancellation").
 """
 
 from __future__ import annotations

@@ -10,55 +10,7 @@ Salts partition the cache: a block stored under one salt is never matched, purge
 counted as reused under another (the server salts by tenant and per-request
 ``cache_salt``, so no KV and no reuse count crosses them). Budget and LRU span all salts.
 
-API (every method is thread-safe; one lock guards the trie):
-
-``PrefixCache(budget_bytes, *, block_size=16, seq_dim=-2)``
-    Raises ``InvalidConfigError`` for a negative budget, ``block_size < 1`` or a non-int
-    ``seq_dim``. ``budget_bytes=0`` disables caching. The first insert fixes the KV layout
-    (layers, tensors per layer, their shapes without the sequence dim, dtype, device).
-
-``match(tokens, *, lock=False, salt='') -> MatchResult``
-    Longest cached block-aligned prefix of ``tokens``. Returns ``matched_tokens`` (a multiple
-    of ``block_size``), ``kv`` (a fresh concatenation, safe to edit in place; ``None`` when
-    nothing matched) and, if ``lock``, a ``handle`` that keeps the matched blocks resident
-    until ``unlock``. Counts a hit or a miss and refreshes the blocks' LRU age.
-
-``insert(tokens, kv, *, lock=False, salt='') -> InsertResult``
-    Caches the full blocks of ``tokens`` (a trailing partial block is ignored); ``kv`` must
-    have exactly ``len(tokens)`` entries along ``seq_dim``. Blocks already cached are kept,
-    new ones are copied in. When a block would exceed the budget, least recently used
-    unreferenced leaves are evicted first; when even that cannot make room, insertion stops
-    there (best effort, not an error). Returns ``cached_tokens`` (present before),
-    ``inserted_tokens``, ``stored_tokens`` (the sequence's cached prefix now), ``evicted``
-    and, if ``lock``, a handle on the stored prefix. Raises ``KVLayoutError`` (layer count,
-    tensors per layer, shape, dtype or device differ from the cache's layout) and
-    ``TokenError`` (tensor length != ``len(tokens)``, non-integer tokens).
-
-``unlock(handle) -> None``
-    Releases a handle from ``match`` or ``insert``. Raises ``StaleHandleError`` if the
-    handle was already released (or belongs to another cache).
-
-``evict(nbytes) -> EvictResult``
-    Frees at least ``nbytes`` (if possible) by dropping unreferenced leaves in LRU order.
-
-``purge(tokens, start, *, release=None, salt='') -> PurgeResult``
-    FORGET support. Drops every cached block that attended to ``tokens[start]`` in the
-    context ``tokens[:start]``: every node whose path agrees with ``tokens[: start + 1]``.
-    That is the sequence's block containing ``start`` plus its sibling blocks that agree
-    with the sequence up to and including position ``start``, and all their descendants.
-    Blocks ending at or before ``start`` and siblings that differ within
-    ``[block_start, start]`` hold nothing from the forgotten span and stay. A block that a
-    handle references (another session's hold) cannot be freed yet: it is detached and
-    doomed (``kept`` lists those): no lookup finds it again, and it is freed at its last
-    unlock, so it is not reused after its holders let go (a deleted session's blocks too).
-    A holder that later publishes its own sequence again inserts fresh blocks: its content
-    is its own. Pass the caller's own handle as ``release`` to release it atomically
-    first. Afterwards no block derived from the forgotten span can be matched, and
-    none comes back except by a new ``insert``. Needs only ``tokens[: start + 1]``; raises
-    ``TokenError`` unless ``0 <= start < len(tokens)``.
-
-``stats() -> PrefixCacheStats``
-    Blocks, bytes used/locked, budget, hits, misses, hit tokens, evicted and purged blocks.
+Every method is thread-safe (one lock guards the trie).
 """
 
 from __future__ import annotations
@@ -172,7 +124,12 @@ def _as_tokens(tokens: Sequence[int]) -> tuple[int, ...]:
 
 
 class PrefixCache:
-    """Block-granular token trie of per-layer KV with LRU eviction; see the module doc."""
+    """Block-granular token trie of per-layer KV with LRU eviction.
+
+    Raises ``InvalidConfigError`` for a negative budget, ``block_size < 1`` or a non-int
+    ``seq_dim``. ``budget_bytes=0`` disables caching. The first insert fixes the KV layout
+    (layers, tensors per layer, their shapes without the sequence dim, dtype, device).
+    """
 
     def __init__(self, budget_bytes: int, *, block_size: int = 16, seq_dim: int = -2) -> None:
         for name, value, low in (("budget_bytes", budget_bytes, 0), ("block_size", block_size, 1)):
@@ -191,6 +148,11 @@ class PrefixCache:
         self._hits = self._misses = self._hit_tokens = self._evicted = self._purged = 0
 
     def match(self, tokens: Sequence[int], *, lock: bool = False, salt: str = "") -> MatchResult:
+        """Longest cached block-aligned prefix of ``tokens``. Returns ``matched_tokens`` (a multiple
+        of ``block_size``), ``kv`` (a fresh concatenation, safe to edit in place; ``None`` when
+        nothing matched) and, if ``lock``, a ``handle`` that keeps the matched blocks resident
+        until ``unlock``. Counts a hit or a miss and refreshes the blocks' LRU age.
+        """
         toks = _as_tokens(tokens)
         with self._lock:
             path = self._trie.walk(toks, salt)
@@ -216,6 +178,16 @@ class PrefixCache:
         lock: bool = False,
         salt: str = "",
     ) -> InsertResult:
+        """Caches the full blocks of ``tokens`` (a trailing partial block is ignored); ``kv`` must
+        have exactly ``len(tokens)`` entries along ``seq_dim``. Blocks already cached are kept,
+        new ones are copied in. When a block would exceed the budget, least recently used
+        unreferenced leaves are evicted first; when even that cannot make room, insertion stops
+        there (best effort, not an error). Returns ``cached_tokens`` (present before),
+        ``inserted_tokens``, ``stored_tokens`` (the sequence's cached prefix now), ``evicted``
+        and, if ``lock``, a handle on the stored prefix. Raises ``KVLayoutError`` (layer count,
+        tensors per layer, shape, dtype or device differ from the cache's layout) and
+        ``TokenError`` (tensor length != ``len(tokens)``, non-integer tokens).
+        """
         toks = _as_tokens(tokens)
         trie, bs = self._trie, self.block_size
         with self._lock:
@@ -246,10 +218,14 @@ class PrefixCache:
         )
 
     def unlock(self, handle: LockHandle) -> None:
+        """Releases a handle from ``match`` or ``insert``. Raises ``StaleHandleError`` if the
+        handle was already released (or belongs to another cache).
+        """
         with self._lock:
             self._release(handle)
 
     def evict(self, nbytes: int) -> EvictResult:
+        """Frees at least ``nbytes`` (if possible) by dropping unreferenced leaves in LRU order."""
         if nbytes < 0:
             raise InvalidConfigError(f"nbytes must be >= 0, got {nbytes}")
         with self._lock:
@@ -265,6 +241,21 @@ class PrefixCache:
         release: LockHandle | None = None,
         salt: str = "",
     ) -> PurgeResult:
+        """FORGET support. Drops every cached block that attended to ``tokens[start]`` in the
+        context ``tokens[:start]``: every node whose path agrees with ``tokens[: start + 1]``.
+        That is the sequence's block containing ``start`` plus its sibling blocks that agree
+        with the sequence up to and including position ``start``, and all their descendants.
+        Blocks ending at or before ``start`` and siblings that differ within
+        ``[block_start, start]`` hold nothing from the forgotten span and stay. A block that a
+        handle references (another session's hold) cannot be freed yet: it is detached and
+        doomed (``kept`` lists those): no lookup finds it again, and it is freed at its last
+        unlock, so it is not reused after its holders let go (a deleted session's blocks too).
+        A holder that later publishes its own sequence again inserts fresh blocks: its content
+        is its own. Pass the caller's own handle as ``release`` to release it atomically
+        first. Afterwards no block derived from the forgotten span can be matched, and
+        none comes back except by a new ``insert``. Needs only ``tokens[: start + 1]``; raises
+        ``TokenError`` unless ``0 <= start < len(tokens)``.
+        """
         toks = _as_tokens(tokens)
         if not 0 <= start < len(toks):
             raise TokenError(f"start must be in [0, {len(toks)}), got {start}")
@@ -276,6 +267,8 @@ class PrefixCache:
         return PurgeResult(tuple(dropped), tuple(kept))
 
     def stats(self) -> PrefixCacheStats:
+        """Blocks, bytes used and locked, budget, hits, misses, hit tokens, evicted and purged
+        blocks."""
         with self._lock:
             t = self._trie
             return PrefixCacheStats(
