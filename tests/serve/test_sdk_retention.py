@@ -9,6 +9,7 @@ directives and the server's marks, drops and cache edits are real.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from leyline.policies import EstimateCounter, LeylineOpenAI, PinnedSpanError
+from leyline.policies import AsyncLeylineOpenAI, EstimateCounter, LeylineOpenAI, PinnedSpanError
 
 from .conftest import API_KEY, Server, serve
 from .test_sdk_wrapper import ask, asked_twice, opening, turn
@@ -69,6 +70,28 @@ def test_a_pinned_system_prompt_refuses_an_edit(server: Server) -> None:
     record = wrapper.records[-1]
     assert record.resync is None and record.path in ("splice", "prefix_hit"), record
     wrapper.close()
+
+
+def test_the_async_wrapper_pins_as_the_sync_one_does(server: Server) -> None:
+    async def main() -> list[str]:
+        client = openai.AsyncOpenAI(
+            base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0
+        )
+        session = f"ret-{uuid.uuid4().hex[:8]}"
+        policy = 'pin:roles=["system"]'
+        async with AsyncLeylineOpenAI(
+            client, policy, session=session, counter=EstimateCounter()
+        ) as wrapper:
+            history = opening("Why is the order total wrong?")
+            for more in (turn(2), []):
+                await wrapper.chat.completions.create(
+                    model="smollm2", messages=history, max_tokens=4, temperature=0
+                )
+                history += more
+            assert "pin" in wrapper.records[-1].verbs, wrapper.records[-1]
+            return [m["verb"] for m in session_info(server, session)["marks"]]
+
+    assert asyncio.run(main()) == ["pin"]
 
 
 def test_scratch_reasoning_is_dropped_after_its_turn(server: Server) -> None:

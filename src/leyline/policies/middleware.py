@@ -111,7 +111,6 @@ class LeylineOpenAI(WrapperBase[openai.OpenAI]):
     _lock_type = threading.Lock
     _completions_type = _Completions
     _stream_type = LeylineStream
-    _sends_retention = True
 
     def probe(self) -> ServerSupport:
         """Ask ``GET /leyline/v1/capabilities`` once; any error status means no Leyline.

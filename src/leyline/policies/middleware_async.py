@@ -80,7 +80,6 @@ class AsyncLeylineOpenAI(WrapperBase[openai.AsyncOpenAI]):
     _lock_type = asyncio.Lock
     _completions_type = _AsyncCompletions
     _stream_type = AsyncLeylineStream
-    _sends_retention = False
 
     async def probe(self) -> ServerSupport:
         """See :meth:`LeylineOpenAI.probe <.middleware.LeylineOpenAI.probe>`."""

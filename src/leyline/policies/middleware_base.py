@@ -133,7 +133,6 @@ class WrapperBase(Generic[C]):
     _completions_type: ClassVar[type]
     """``chat.completions``: its ``create`` runs :meth:`_call` (sync or awaited)."""
     _stream_type: ClassVar[type[StreamBase]]
-    _sends_retention: ClassVar[bool]
     """Calls may send pins and marks where the server executes them (the sync wrapper
     does; the async one never has)."""
 
@@ -335,8 +334,7 @@ class WrapperBase(Generic[C]):
             planner.render = renderer(tokenize, call.tools) if renders else None
             planner.skills = composes(self.skills, support) if renders else None
             planner.summarizer = lambda request: run(summaries(request))
-            if self._sends_retention:
-                planner.retention = renders and support.retention
+            planner.retention = renders and support.retention
             try:
                 return episode.prepare(call.agent, support)
             except RenderUnavailable as exc:
