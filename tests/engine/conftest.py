@@ -28,3 +28,20 @@ def llama_engine() -> Engine:
 @pytest.fixture(scope="session", params=["v2", "v3"])
 def mla_engine(request: pytest.FixtureRequest) -> Engine:
     return Engine(build_tiny_mla(request.param))
+
+
+# The COMPOSE tests run on the real model (slow) and both tiny MLA layouts.
+COMPOSE_ENGINES = [
+    pytest.param("smollm2", marks=[pytest.mark.slow, pytest.mark.model]),
+    "tiny-mla-v2",
+    "tiny-mla-v3",
+]
+
+
+@pytest.fixture(scope="module", params=COMPOSE_ENGINES)
+def case(request: pytest.FixtureRequest) -> tuple[str, Engine]:
+    """(name, engine) for each of ``COMPOSE_ENGINES``."""
+    name = str(request.param)
+    if name == "smollm2":
+        return name, request.getfixturevalue("smollm2_engine")
+    return name, Engine(build_tiny_mla("v2" if name == "tiny-mla-v2" else "v3"))

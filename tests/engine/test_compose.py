@@ -45,12 +45,6 @@ ROPE_BAND = {
     "tiny-mla-v3": (1, "half"),
 }
 
-ENGINES = [
-    pytest.param("smollm2", marks=[pytest.mark.slow, pytest.mark.model]),
-    "tiny-mla-v2",
-    "tiny-mla-v3",
-]
-
 SESSION_TEXT = (
     "<|im_start|>system\nYou are a coding agent. Use the tools you are given.<|im_end|>\n"
     "<|im_start|>user\nThe test test_divide fails in calculator.py. Find the bug and tell "
@@ -61,14 +55,6 @@ SKILL_TEXT = (
     "Call it before answering questions about code."
 )
 SUFFIX_TEXT = "I will read calculator.py first."
-
-
-@pytest.fixture(scope="module", params=ENGINES)
-def case(request: pytest.FixtureRequest) -> tuple[str, Engine]:
-    name = str(request.param)
-    if name == "smollm2":
-        return name, request.getfixturevalue("smollm2_engine")
-    return name, Engine(build_tiny_mla("v2" if name == "tiny-mla-v2" else "v3"))
 
 
 def _texts(name: str, engine: Engine) -> tuple[list[int], list[int], list[int]]:

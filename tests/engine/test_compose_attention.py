@@ -37,7 +37,6 @@ from leyline.protocol.errors import ErrorCode, LeylineError
 
 from ._helpers import kv_bitwise_equal, random_tokens, snapshot, tiny_llama
 from .test_compose import (
-    ENGINES,
     ROPE_BAND,
     TOL,
     _rotate,
@@ -51,14 +50,6 @@ from .test_compose_recompute import _count, check_against, recompute_in_order, w
 
 def attention(ratio: float) -> RecomputeAttention:
     return RecomputeAttention(mode="attention", ratio=ratio)
-
-
-@pytest.fixture(scope="module", params=ENGINES)
-def case(request: pytest.FixtureRequest) -> tuple[str, Engine]:
-    name = str(request.param)
-    if name == "smollm2":
-        return name, request.getfixturevalue("smollm2_engine")
-    return name, Engine(build_tiny_mla("v2" if name == "tiny-mla-v2" else "v3"))
 
 
 # -- the independent reference -------------------------------------------------------------

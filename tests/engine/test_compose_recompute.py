@@ -37,7 +37,6 @@ from leyline.protocol.errors import ErrorCode, LeylineError
 
 from ._helpers import random_tokens, rel_err, snapshot
 from .test_compose import (
-    ENGINES,
     ROPE_BAND,
     TOL,
     _drop_last,
@@ -50,14 +49,6 @@ from .test_compose import (
 )
 
 SELECTION_LAYER = 4  # the definition's default: the fifth decoder layer (capped)
-
-
-@pytest.fixture(scope="module", params=ENGINES)
-def case(request: pytest.FixtureRequest) -> tuple[str, Engine]:
-    name = str(request.param)
-    if name == "smollm2":
-        return name, request.getfixturevalue("smollm2_engine")
-    return name, Engine(build_tiny_mla("v2" if name == "tiny-mla-v2" else "v3"))
 
 
 # -- the independent reference -------------------------------------------------------------
