@@ -19,12 +19,11 @@ from leyline.core.batch import EditPlan, SessionView
 from leyline.core.chat.render import BackendRenderer
 from leyline.core.report import OpReport
 from leyline.core.sessions import DEFAULT_TENANT
-from leyline.core.turns import Cancelled, Outcome, Turn, TurnTiming
+from leyline.core.turns import Cancelled, GenerationResult, Outcome, Turn, TurnTiming
 from leyline.engine.edits.compose import supports_attention_recompute
 from leyline.engine.edits.recompute import supports_deviation
 from leyline.engine.edits.skills import Skill, SkillStore
 from leyline.engine.engine import Engine
-from leyline.engine.reports import GenerationResult
 from leyline.engine.scheduler import JobTiming, ModelScheduler
 from leyline.engine.session import PendingGeneration, SessionCache
 from leyline.engine.work_estimates import SchedulePolicy, turn_cost

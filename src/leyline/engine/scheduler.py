@@ -20,8 +20,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from leyline.core.turns import GenerationResult
 from leyline.engine.batched_decode import Row
-from leyline.engine.reports import GenerationResult
 from leyline.engine.work_estimates import SCHEDULE_POLICIES, SchedulePolicy, WorkRates
 from leyline.engine.yield_points import pausing_with
 

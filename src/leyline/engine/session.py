@@ -25,7 +25,8 @@ from leyline.core.batch import (
     plan_edits,
 )
 from leyline.core.lineage import Lineages
-from leyline.core.turns import SamplingParams
+from leyline.core.report import OpReport
+from leyline.core.turns import GenerationResult, SamplingParams
 from leyline.engine.edits.compose import plan_compose, run_batch
 from leyline.engine.edits.edit_paths import run_edits
 from leyline.engine.edits.run_executor import slice_kv
@@ -34,7 +35,6 @@ from leyline.engine.engine import Engine
 from leyline.engine.generation import Decoder, OnToken
 from leyline.engine.kv.kv_blocks import KVCache
 from leyline.engine.kv.prefix_cache import LockHandle
-from leyline.engine.reports import GenerationResult, OpReport
 from leyline.engine.session_state import SessionState
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Directive, Mode, Recompute

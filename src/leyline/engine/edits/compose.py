@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from leyline.core.batch import EditPlan, SessionView, plan_edits
+from leyline.core.report import OpReport
 from leyline.engine.attention import NAME as ENGINE_ATTENTION
 from leyline.engine.edits.attention_recompute import AttentionRecompute, following_tokens
 from leyline.engine.edits.edit_paths import reprefill_from_change, run_edits
@@ -22,7 +23,6 @@ from leyline.engine.edits.recompute import DeviationRecompute, supports_deviatio
 from leyline.engine.edits.run_executor import Refiner, SourcedRun
 from leyline.engine.edits.skills import Skill, check_compatible
 from leyline.engine.kv.kv_blocks import KVCache
-from leyline.engine.reports import OpReport
 from leyline.engine.session_state import SessionState
 from leyline.protocol.algebra import Edit, EditResult, Run, replacement_spans
 from leyline.protocol.capabilities import Limits

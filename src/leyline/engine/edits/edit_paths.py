@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from leyline.core.errors import SpliceUnsupportedError
+from leyline.core.report import OpReport
 from leyline.engine.edits.in_place_edit import InPlaceOutcome, edit_in_place
 from leyline.engine.edits.run_executor import (
     SourcedRun,
@@ -24,7 +25,6 @@ from leyline.engine.edits.run_executor import (
 from leyline.engine.forward import Forwards
 from leyline.engine.kv.kv_blocks import KVCache
 from leyline.engine.kv.layouts import CacheLayout
-from leyline.engine.reports import OpReport
 from leyline.engine.rope import RopeSpec
 from leyline.engine.session_state import SessionState
 from leyline.protocol.algebra import EditResult

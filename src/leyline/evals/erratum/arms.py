@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
+from leyline.core.report import OpReport
 from leyline.engine.engine import Engine
 from leyline.engine.kv.kv_blocks import KVCache
-from leyline.engine.reports import OpReport
 from leyline.engine.session import SessionCache
 from leyline.protocol import ErratumDirective, SpliceDirective, TokenSpan
 
