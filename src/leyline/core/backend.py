@@ -40,6 +40,18 @@ class SkillLabel:
     description: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SkillRegistration:
+    """A skill to register: its owner, id, block tokens, the tokens it is compiled after
+    (``anchor``) and its label; the core checks it before a backend sees it."""
+
+    tenant: str
+    skill_id: str
+    tokens: tuple[int, ...]
+    anchor: tuple[int, ...] = ()
+    label: SkillLabel = SkillLabel()
+
+
 def describe_skill(
     skill_id: str,
     model: str,
@@ -141,17 +153,9 @@ class Backend(Protocol[H]):
         """Skill id -> its tokens for ``tenant`` (the resolver's lookup), or None."""
         ...
 
-    async def register_skill(
-        self,
-        tenant: str,
-        skill_id: str,
-        tokens: Sequence[int],
-        label: SkillLabel,
-        *,
-        anchor: Sequence[int] = (),
-    ) -> SkillInfo:
-        """Compute the block's KV once (from position 0, or after ``anchor``'s tokens when
-        the capabilities say ``skill_anchors``) and keep it as ``skill_id``."""
+    async def register_skill(self, skill: SkillRegistration) -> SkillInfo:
+        """Compute the block's KV once (from position 0, or after ``skill.anchor`` when the
+        capabilities say ``skill_anchors``) and keep it as ``skill.skill_id``."""
         ...
 
     def skill_info(self, tenant: str, skill_id: str, include_tokens: bool) -> SkillInfo:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Generic
 
-from leyline.core.backend import Backend, H, SkillLabel
+from leyline.core.backend import Backend, H, SkillLabel, SkillRegistration
 from leyline.core.batch import EditPlan, check_tokens, check_vocab, plan_batch
 from leyline.core.chat.render import Rendered
 from leyline.core.openai_types import parse_chat
@@ -202,10 +202,14 @@ class SessionService(Generic[H]):
                 f"the skill is {total} tokens{with_anchor}; this server takes 1 to {cap or 'any'}",
                 source,
             )
-        label = SkillLabel(body.name, body.description)
-        return await self.backend.register_skill(
-            tenant, body.skill or uuid.uuid4().hex, tokens, label, anchor=anchor
+        skill = SkillRegistration(
+            tenant,
+            body.skill or uuid.uuid4().hex,
+            tokens,
+            anchor,
+            SkillLabel(body.name, body.description),
         )
+        return await self.backend.register_skill(skill)
 
     async def _skill_source(
         self, body: SkillCreate | SkillAnchor, prefix: str = ""

@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from leyline.core.backend import SERVED_VERBS, SkillLabel, describe_skill
+from leyline.core.backend import SERVED_VERBS, SkillLabel, SkillRegistration, describe_skill
 from leyline.core.batch import EditPlan, SessionView
 from leyline.core.chat.render import BackendRenderer
 from leyline.core.report import OpReport
@@ -239,27 +239,24 @@ class EngineBackend:
     def skill_tokens(self, tenant: str) -> SkillTokens | None:
         return self.skills.skill_tokens(tenant)
 
-    async def register_skill(
-        self,
-        tenant: str,
-        skill_id: str,
-        tokens: Sequence[int],
-        label: SkillLabel,
-        *,
-        anchor: Sequence[int] = (),
-    ) -> SkillInfo:
-        skill = await self.run(
+    async def register_skill(self, skill: SkillRegistration) -> SkillInfo:
+        tenant = skill.tenant
+        held = await self.run(
             lambda: self.skills.register(
-                self.engine, tokens, skill_id=skill_id, tenant=tenant, anchor=anchor
+                self.engine,
+                skill.tokens,
+                skill_id=skill.skill_id,
+                tenant=tenant,
+                anchor=skill.anchor,
             )
         )
         # The store evicts skills on its own (LRU, under its budget): drop the labels of
         # the tenant's evicted ones, so labels are bounded by the skills held.
-        held = {s.id for s in self.skills.of_tenant(tenant)}
-        for key in [k for k in self._labels if k[0] == tenant and k[1] not in held]:
+        kept = {s.id for s in self.skills.of_tenant(tenant)}
+        for key in [k for k in self._labels if k[0] == tenant and k[1] not in kept]:
             del self._labels[key]
-        self._labels[(tenant, skill_id)] = label
-        return self._info(skill, include_tokens=False)
+        self._labels[(tenant, skill.skill_id)] = skill.label
+        return self._info(held, include_tokens=False)
 
     def skill_info(self, tenant: str, skill_id: str, include_tokens: bool) -> SkillInfo:
         return self._info(self.skills.get(tenant, skill_id), include_tokens)

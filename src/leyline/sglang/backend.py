@@ -18,7 +18,7 @@ from collections.abc import Collection, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
-from leyline.core.backend import SERVED_VERBS, SkillLabel
+from leyline.core.backend import SERVED_VERBS, SkillRegistration
 from leyline.core.batch import EditPlan, SessionView, common_prefix
 from leyline.core.chat.render import BackendRenderer
 from leyline.core.errors import SpliceUnsupportedError
@@ -137,17 +137,9 @@ class SglangBackend:
     def skill_tokens(self, tenant: str) -> SkillTokens | None:
         return self.skills.tokens_of(tenant)
 
-    async def register_skill(
-        self,
-        tenant: str,
-        skill_id: str,
-        tokens: Sequence[int],
-        label: SkillLabel,
-        *,
-        anchor: Sequence[int] = (),
-    ) -> SkillInfo:
-        skill = await self.skills.register(tenant, skill_id, tokens, label, anchor)
-        return skill.info(include_tokens=False)
+    async def register_skill(self, skill: SkillRegistration) -> SkillInfo:
+        held = await self.skills.register(skill)
+        return held.info(include_tokens=False)
 
     def skill_info(self, tenant: str, skill_id: str, include_tokens: bool) -> SkillInfo:
         return self.skills.get(tenant, skill_id).info(include_tokens)

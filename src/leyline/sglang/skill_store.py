@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from leyline.core.backend import SkillLabel, describe_skill
+from leyline.core.backend import SkillLabel, SkillRegistration, describe_skill
 from leyline.protocol import ErrorCode, LeylineError
 from leyline.protocol.resolve import SkillTokens
 from leyline.protocol.resources import SkillInfo, skill_content_hash
@@ -120,18 +120,12 @@ class SkillHolds:
 
         return tokens
 
-    async def register(
-        self,
-        tenant: str,
-        skill_id: str,
-        tokens: Sequence[int],
-        label: SkillLabel,
-        anchor: Sequence[int] = (),
-    ) -> HeldSkill:
-        """Prefill and hold ``anchor + tokens`` as ``skill_id``; the same content again
+    async def register(self, request: SkillRegistration) -> HeldSkill:
+        """Prefill and hold ``anchor + tokens`` as the skill; the same content again
         computes nothing. Raises ``limit_exceeded`` when the scheduler cannot hold it even
         with every idle skill evicted (the tokens then stay as ordinary cache)."""
-        block, lead = tuple(int(t) for t in tokens), tuple(int(t) for t in anchor)
+        tenant, skill_id, label = request.tenant, request.skill_id, request.label
+        block, lead = tuple(int(t) for t in request.tokens), tuple(int(t) for t in request.anchor)
         digest = skill_content_hash(self.model, block, lead)
         async with self._writing:
             existing = self._entries.get((tenant, skill_id))
