@@ -1,7 +1,7 @@
 """`leyline eval erratum`: the fast mode on SmolLM2 end to end, its records checked against
 what the engine must have done (token counts, KV kept or rewritten, prefix-cache blocks) and
-against the summary, and the field-early layout's prefix-cache hits; plus the pure parts
-(intervals, case draw, field-early prompt) without the model."""
+against the summary, and the field-early layout's prefix-cache hits. The parts that need no
+model: ``test_erratum_parts``."""
 
 from __future__ import annotations
 
@@ -9,14 +9,11 @@ from typing import Any
 
 import pytest
 
-from leyline.cli.main import main
-from leyline.evals.common.stats import wilson
-from leyline.evals.erratum.body import FAST_SECTIONS, SECTIONS, body
-from leyline.evals.erratum.early import parts
-from leyline.evals.erratum.templates import TEMPLATES, draw_cases
-from tests.meta.fresh_python import eval_cli_loads
+from leyline.evals.erratum.templates import TEMPLATES
 
 from .fast_run import fast_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.model]  # every test reads the fast run's report
 
 BLOCK = 16  # the prefix cache's block size (PrefixCache default)
 
@@ -36,16 +33,12 @@ def _prompt_old(r: dict[str, Any]) -> int:
     return int(r["erratum_op"]["reused"])
 
 
-@pytest.mark.slow
-@pytest.mark.model
 def test_fast_mode_covers_every_template(report: dict[str, Any]) -> None:
     records = report["records"]
     assert [r["template"] for r in records] == [t.name for t in TEMPLATES for _ in range(2)]
     assert report["summary"]["overall"]["cases"] == len(records) == 8
 
 
-@pytest.mark.slow
-@pytest.mark.model
 def test_field_only_refresh_rewrites_the_field_and_keeps_the_downstream(
     report: dict[str, Any],
 ) -> None:
@@ -62,8 +55,6 @@ def test_field_only_refresh_rewrites_the_field_and_keeps_the_downstream(
         assert r["downstream_vs_oracle"] > 1e-2  # which a recompute would have changed
 
 
-@pytest.mark.slow
-@pytest.mark.model
 def test_erratum_prompt_is_the_baseline_plus_the_note(report: dict[str, Any]) -> None:
     for r in report["records"]:
         sizes, note = r["prompt_tokens"], r["note_tokens"]
@@ -76,8 +67,6 @@ def test_erratum_prompt_is_the_baseline_plus_the_note(report: dict[str, Any]) ->
         assert sizes["oracle"] == sizes["field_only"] == sizes["no_edit"] + shift
 
 
-@pytest.mark.slow
-@pytest.mark.model
 def test_prefix_cache_hits_follow_the_blocks(report: dict[str, Any]) -> None:
     for r in report["records"]:
         erratum, edit = r["erratum_request"], r["edit_request"]
@@ -92,8 +81,6 @@ def test_prefix_cache_hits_follow_the_blocks(report: dict[str, Any]) -> None:
     assert hits["erratum"]["hit_rate"] > hits["in_prefix_edit"]["hit_rate"]
 
 
-@pytest.mark.slow
-@pytest.mark.model
 def test_field_early_in_prefix_edit_misses_the_cache(report: dict[str, Any]) -> None:
     early = report["field_early_records"]
     assert [r["template"] for r in early] == [t.name for t in TEMPLATES]  # 1 case each (fast)
@@ -118,8 +105,6 @@ def test_field_early_in_prefix_edit_misses_the_cache(report: dict[str, Any]) -> 
     assert report["summary"]["overall"]["hit_rate"]["in_prefix_edit"]["hit_rate"] > 0.8
 
 
-@pytest.mark.slow
-@pytest.mark.model
 def test_the_same_tokens_by_two_paths_give_the_same_decision_margin(
     report: dict[str, Any],
 ) -> None:
@@ -133,8 +118,6 @@ def test_the_same_tokens_by_two_paths_give_the_same_decision_margin(
         assert abs(margins["erratum"] - margins["erratum_control"]) > 1e-3
 
 
-@pytest.mark.slow
-@pytest.mark.model
 def test_records_agree_with_the_summary(report: dict[str, Any]) -> None:
     summary, records = report["summary"], report["records"]
     qualifying_total = 0
@@ -159,48 +142,3 @@ def test_records_agree_with_the_summary(report: dict[str, Any]) -> None:
                 assert rate["low"] <= rate["rate"] <= rate["high"]
         assert group["recovery"]["no_edit"]["k"] == 0  # it is the old decision, by definition
     assert summary["overall"]["qualifying"] == qualifying_total
-
-
-def test_cli_module_does_not_import_torch() -> None:
-    assert "torch" not in eval_cli_loads("erratum")
-
-
-def test_wilson_interval() -> None:
-    assert wilson(0, 0) == (0.0, 1.0)
-    low, high = wilson(0, 4)
-    assert low == 0.0 and high == pytest.approx(0.4899, abs=1e-4)
-    low, high = wilson(5, 10)
-    assert (low, high) == pytest.approx((0.2366, 0.7634), abs=1e-4)
-    assert wilson(10, 10)[1] == 1.0
-
-
-def test_cases_change_the_rule_answer_both_ways() -> None:
-    for template in TEMPLATES:
-        cases = draw_cases(template, 6, seed=3)
-        assert cases == draw_cases(template, 6, seed=3)  # seeded
-        for case in cases:
-            assert template.answer(case.old) != template.answer(case.new)
-            # The field line sits inside the record with other lines after it.
-            assert case.before.endswith(f"{template.field}:") and case.after.count("\n") >= 3
-        assert [template.answer(c.new) for c in cases] == [True, False] * 3
-        shots = template.shots()
-        assert shots.count(f"{template.label}: yes") == shots.count(f"{template.label}: no") == 3
-
-
-def test_field_early_prompt_puts_the_record_first() -> None:
-    case = draw_cases(TEMPLATES[0], 1, seed=0)[0]
-    before, after = parts(case, body())
-    assert before.count("\n") <= 3 and before.endswith(f"{case.template.field}:")
-    assert after.endswith(SECTIONS[-1] + "\n\n") and case.template.rule in after
-    # ~1,000 tokens of static text by default, a prefix of it in the fast mode.
-    assert len(body()) > 4500 and body().startswith(body(FAST_SECTIONS))
-    assert len(body(FAST_SECTIONS)) < len(body()) / 2
-
-
-def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as stop:
-        main(["eval", "erratum", "--help"])
-    assert stop.value.code == 0
-    text = capsys.readouterr().out
-    names = ("model", "cases", "early-cases", "seed", "out", "fast")
-    assert all(f"--{name}" in text for name in names)

@@ -1,11 +1,13 @@
-"""What the splice benchmarks share: a transcript-like document, a stub, timing of
-interleaved arms, an edit timed on a fork, the KL between two logits, peak resident memory.
+"""What the benchmarks share: a transcript-like document, a stub, timing of interleaved
+arms, an edit timed on a fork, the KL between two logits, peak resident memory, and the
+command-line pieces (parser, options, header and closing lines, the JSON file).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import threading
@@ -19,6 +21,8 @@ from leyline.engine.kv.allocator import retain_freed_memory
 from leyline.engine.session import SessionCache
 from leyline.protocol.algebra import Edit
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""The weight and cache dtypes the benchmarks take by name."""
 STUB_TEXT = " [tool output elided: 300 tokens of a directory listing, no longer needed] "
 
 
@@ -124,15 +128,19 @@ class RssSampler:
         self.peak = max(self.peak, self.rss())
 
 
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's parser: its docstring's first paragraph as the description, defaults
+    shown in ``--help``."""
+    return argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+
+
 def engine_bench_args(
     doc: str, contexts: list[int], runs: int, extra: Callable[[argparse.ArgumentParser], None]
 ) -> argparse.ArgumentParser:
     """The options the per-dtype engine benchmarks share (``extra`` adds a script's own)."""
-    from leyline.evals.bench_linear_kernel import DTYPES  # it imports this module
-
-    p = argparse.ArgumentParser(
-        description=doc.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    p = bench_parser(doc)
     p.add_argument("--model", default="smollm2", help="smollm2, tiny-mla-v2/v3, .gguf, HF dir")
     p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     p.add_argument("--contexts", type=int, nargs="+", default=contexts)
@@ -149,3 +157,12 @@ def start_engine_bench(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     retain_freed_memory()
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {args.model}")
+
+
+def finish_bench(results: Mapping[str, object], json_path: str | None) -> None:
+    """The closing line (the load average says how busy the machine was while timing) and,
+    where asked (--json), the figures as a JSON file."""
+    print(f"# load avg at end {os.getloadavg()[0]:.2f}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1)

@@ -24,7 +24,6 @@ Run: ``.venv/bin/python -m leyline.evals.bench_decode_attention`` (``--quick`` f
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -34,17 +33,18 @@ import torch.nn.functional as F
 
 from leyline.engine.cpu import attention_kernel
 from leyline.engine.decode_attention import matmul_attention
-from leyline.evals.bench_splice import interleaved_medians
-
-HEADS, KV_HEADS, DIM = 9, 3, 64
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from leyline.evals.bench_attention_ab import (
+    DIM,
+    KV_HEADS,
+    add_attention_ab_options,
+    attention_inputs,
+    start_attention_ab,
+)
+from leyline.evals.bench_common import DTYPES, bench_parser, interleaved_medians
 
 
 def bench(n: int, dtype: torch.dtype, runs: int) -> dict[str, float]:
-    g = torch.Generator().manual_seed(0)
-    keys = torch.randn(1, KV_HEADS, n + 64, DIM, generator=g).to(dtype)[:, :, :n]
-    values = torch.randn(1, KV_HEADS, n + 64, DIM, generator=g).to(dtype)[:, :, :n]
-    query = torch.randn(1, HEADS, 1, DIM, generator=g).to(dtype)
+    query, keys, values = attention_inputs(n, 1, dtype)
     arms: dict[str, Callable[[], object]] = {
         "sdpa": lambda: F.scaled_dot_product_attention(query, keys, values, enable_gqa=True),
         "matmul": lambda: matmul_attention(query, keys, values, None),
@@ -61,7 +61,7 @@ def bench_in_model(n: int, runs: int, dtype: torch.dtype) -> dict[str, float]:
     from leyline.engine.decode_attention import takes_single_query
     from leyline.engine.engine import Engine
     from leyline.engine.session import SessionCache
-    from leyline.evals.bench_splice import document, stub_tokens, timed_edit
+    from leyline.evals.bench_common import document, stub_tokens, timed_edit
     from leyline.protocol.algebra import Edit
     from leyline.protocol.directives import Mode
 
@@ -101,26 +101,14 @@ def bench_in_model(n: int, runs: int, dtype: torch.dtype) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = bench_parser(__doc__ or "")
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8192, 16384])
     parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["float32"])
-    parser.add_argument("--runs", type=int, default=200, help="calls per arm (medians)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 512 tokens, 20 calls")
-    parser.add_argument(
-        "--in-model", type=int, default=None, metavar="N", help="also A/B the engine at N tokens"
-    )
-    parser.add_argument("--model-runs", type=int, default=7, help="engine runs per arm")
+    add_attention_ab_options(parser, runs=200, quick="512 tokens, 20 calls")
     args = parser.parse_args(argv)
     if args.quick:
         args.contexts, args.runs = [512], 20
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {args.runs}")
-    print(f"# attention kernel: {attention_kernel.status().detail}")
+    start_attention_ab(args)
     print(
         "dtype     context | sdpa_ms matmul_ms kernel_ms | matmul/sdpa kernel/sdpa"
         " | GB/s: sdpa matmul kernel"

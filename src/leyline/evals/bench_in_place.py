@@ -25,13 +25,14 @@ from leyline.engine.engine import Engine
 from leyline.engine.rope import rotate_many_into
 from leyline.engine.session import SessionCache
 from leyline.evals.bench_common import (
+    DTYPES,
     document,
     engine_bench_args,
     start_engine_bench,
     stub_tokens,
     timed_edit,
 )
-from leyline.evals.bench_linear_kernel import DTYPES, Arm, interleaved
+from leyline.evals.bench_linear_kernel import Arm, interleaved
 from leyline.protocol.algebra import Edit, Run
 from leyline.protocol.directives import Mode
 

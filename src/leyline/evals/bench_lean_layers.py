@@ -29,8 +29,7 @@ from leyline.engine.forward import buffers_holding
 from leyline.engine.kv.allocator import retain_freed_memory
 from leyline.engine.lean_layers import drop_lean_layers, fused_layers, use_lean_layers
 from leyline.engine.session import SessionCache
-from leyline.evals.bench_linear_kernel import DTYPES
-from leyline.evals.bench_splice import document, stub_tokens
+from leyline.evals.bench_common import DTYPES, document, stub_tokens
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 

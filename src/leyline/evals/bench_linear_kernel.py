@@ -29,12 +29,10 @@ from leyline.engine.engine import Engine
 from leyline.engine.kv.allocator import retain_freed_memory
 from leyline.engine.lean_layers import drop_lean_layers, use_lean_layers
 from leyline.engine.session import SessionCache
+from leyline.evals.bench_common import DTYPES, document, stub_tokens, timed_edit
 from leyline.evals.bench_decode import session_rows
-from leyline.evals.bench_splice import document, stub_tokens, timed_edit
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class KernelSwitch:

@@ -38,11 +38,9 @@ from leyline.engine.engine import Engine
 from leyline.engine.kv.allocator import retain_freed_memory
 from leyline.engine.models import load_model
 from leyline.engine.session import SessionCache
-from leyline.evals.bench_common import document, timed_edit
+from leyline.evals.bench_common import DTYPES, document, timed_edit
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def embedded_gguf() -> Path:

@@ -25,9 +25,7 @@ from leyline.engine.cpu import linear_kernel, switches
 from leyline.engine.cpu.linear_kernel import DirectLinear
 from leyline.engine.cpu.packed_linear import ROWS_HINT, PackedLinear, packing_refusal
 from leyline.engine.models import load_model
-from leyline.evals.bench_splice import interleaved_medians
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from leyline.evals.bench_common import DTYPES, interleaved_medians
 
 
 def plain_layers(model: nn.Module) -> list[nn.Linear]:

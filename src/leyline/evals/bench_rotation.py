@@ -25,7 +25,6 @@ Run: ``.venv/bin/python -m leyline.evals.bench_rotation`` (``--quick`` for a smo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -36,6 +35,7 @@ import torch
 
 from leyline.engine.cpu import rope_kernel
 from leyline.engine.rope import Pairing, rotate_into, rotate_into_eager, rotate_many_into
+from leyline.evals.bench_common import bench_parser, finish_bench
 
 DELTA = -284  # the 300-token span -> 16-token stub of bench_splice
 SMOLLM2_THETA = 100000.0
@@ -130,9 +130,7 @@ def bench(layout: Layout, n: int, dtype: torch.dtype, runs: int) -> Row:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    p = bench_parser(__doc__ or "")
     p.add_argument("--contexts", type=int, nargs="+", default=[4096, 8192])
     p.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=list(LAYOUTS))
     p.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
@@ -199,7 +197,6 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                     f"{r.gbps(r.copy_ms):9.2f} | {cells}",
                     flush=True,
                 )
-    print(f"# load avg at end {os.getloadavg()[0]:.2f}")
     results: dict[str, object] = {
         "kernel": asdict(status),
         "clock": args.clock,
@@ -208,9 +205,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             asdict(r) | {"eager_ratio": r.eager_ratio, "fused_ratio": r.fused_ratio} for r in rows
         ],
     }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    finish_bench(results, args.json)
     return results
 
 

@@ -23,7 +23,6 @@ Run: ``.venv/bin/python -m leyline.evals.bench_run_attention`` (``--quick`` for 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections.abc import Callable
 
@@ -31,18 +30,17 @@ import torch
 import torch.nn.functional as F
 
 from leyline.engine.cpu import attention_kernel
-from leyline.evals.bench_splice import interleaved_medians
-
-HEADS, KV_HEADS, DIM = 9, 3, 64
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from leyline.evals.bench_attention_ab import (
+    add_attention_ab_options,
+    attention_inputs,
+    start_attention_ab,
+)
+from leyline.evals.bench_common import DTYPES, bench_parser, interleaved_medians
 
 
 def bench(n: int, m: int, dtype: torch.dtype, runs: int) -> dict[str, float]:
     """Median ms of each arm: ``m`` queries at the last ``m`` of ``n`` positions."""
-    g = torch.Generator().manual_seed(0)
-    keys = torch.randn(1, KV_HEADS, n + 64, DIM, generator=g).to(dtype)[:, :, :n]
-    values = torch.randn(1, KV_HEADS, n + 64, DIM, generator=g).to(dtype)[:, :, :n]
-    query = torch.randn(1, HEADS, m, DIM, generator=g).to(dtype)
+    query, keys, values = attention_inputs(n, m, dtype)
     hidden = torch.arange(n)[None] > torch.arange(n - m, n)[:, None]
     mask = torch.zeros(m, n, dtype=dtype).masked_fill_(hidden, torch.finfo(dtype).min)[None, None]
     causal = [n - m + 1 + j for j in range(m)]
@@ -62,7 +60,7 @@ def bench_in_model(n: int, runs: int, dtype: torch.dtype) -> dict[str, float]:
     """Engine arms with the kernel's runs on (``new``) and off (``old``); ms medians."""
     from leyline.engine.engine import Engine
     from leyline.engine.session import SessionCache
-    from leyline.evals.bench_splice import document, stub_tokens, timed_edit
+    from leyline.evals.bench_common import document, stub_tokens, timed_edit
     from leyline.protocol.algebra import Edit
     from leyline.protocol.directives import Mode
 
@@ -101,10 +99,7 @@ def engine_pick(dtype: torch.dtype) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = bench_parser(__doc__ or "")
     parser.add_argument(
         "--contexts",
         type=int,
@@ -118,21 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dtypes", nargs="+", choices=sorted(DTYPES), default=["float32"], help="cache dtypes"
     )
-    parser.add_argument("--runs", type=int, default=100, help="calls per arm (medians)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--quick", action="store_true", help="smoke run: one shape, 10 calls")
-    parser.add_argument(
-        "--in-model", type=int, default=None, metavar="N", help="also A/B the engine at N tokens"
-    )
-    parser.add_argument("--model-runs", type=int, default=7, help="engine runs per arm")
+    add_attention_ab_options(parser, runs=100, quick="one shape, 10 calls")
     args = parser.parse_args(argv)
     if args.quick:
         args.contexts, args.queries, args.runs = [300], [16], 10
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    start_attention_ab(args)
     kernel = attention_kernel.load()
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {args.runs}")
-    print(f"# attention kernel: {attention_kernel.status().detail}")
     if kernel is not None and not kernel.runs_vectorised:
         print("# this build has no vectorised query runs: the engine keeps SDPA for them")
     print("dtype     context queries | sdpa_us kernel_us | sdpa/kernel")

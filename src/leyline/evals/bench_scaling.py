@@ -37,9 +37,15 @@ import torch
 from leyline.engine.engine import Engine
 from leyline.engine.kv.allocator import retain_freed_memory
 from leyline.engine.session import SessionCache
-from leyline.evals.bench_common import document, kl, stub_tokens, timed_edit
+from leyline.evals.bench_common import (
+    DTYPES,
+    bench_parser,
+    document,
+    kl,
+    stub_tokens,
+    timed_edit,
+)
 from leyline.evals.bench_floors import Bandwidth, key_bytes_per_token, measure_bandwidth
-from leyline.evals.bench_splice import DTYPES
 from leyline.evals.common import Report, markdown_table, progress, results_dir
 from leyline.protocol.algebra import Edit
 from leyline.protocol.capabilities import Limits
@@ -243,9 +249,7 @@ def plot(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    p = bench_parser(__doc__ or "")
     p.add_argument("--model", default="smollm2", help="smollm2, tiny-mla-v2/v3, .gguf or HF dir")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])

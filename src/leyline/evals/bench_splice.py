@@ -30,8 +30,11 @@ from leyline.engine.kv.kv_blocks import kv_nbytes
 from leyline.engine.rope import rotate_many_into
 from leyline.engine.session import SessionCache
 from leyline.evals.bench_common import (
+    DTYPES,
     RssSampler,
+    bench_parser,
     document,
+    finish_bench,
     interleaved_medians,
     kl,
     stub_tokens,
@@ -40,9 +43,6 @@ from leyline.evals.bench_common import (
 from leyline.evals.bench_floors import GEMM_SIZE, Bandwidth, key_bytes_per_token, measure_bandwidth
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
-
-__all__ = ["document", "interleaved_medians", "main", "stub_tokens", "timed_edit"]
-"""Also imported by the other benchmarks (from ``bench_common``)."""
 
 
 @dataclass
@@ -280,9 +280,7 @@ def bench_memory(args: argparse.Namespace, n: int) -> dict[str, float]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    p = bench_parser(__doc__ or "")
     p.add_argument("--model", default="smollm2", help="smollm2, tiny-mla-v2/v3, .gguf or HF dir")
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096])
     p.add_argument("--runs", type=int, default=5, help="runs per arm (medians)")
@@ -318,9 +316,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.contexts, args.runs, args.rotation_runs = [512, 1024], 3, 5
         args.memory_context = 1024
     return args
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def bench_dtype(args: argparse.Namespace, dtype_name: str) -> dict[str, object]:
@@ -422,10 +417,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             f"{mem['kv_MB']:.0f} MB), peak +{mem['splice_peak_MB']:.0f} MB during a splice with "
             f"logits in place (+{mem['splice_copy_peak_MB']:.0f} MB by copy)"
         )
-    print(f"# load avg at end {os.getloadavg()[0]:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    finish_bench(results, args.json)
     return results
 
 

@@ -21,8 +21,7 @@ import time
 from leyline.core.turns import SamplingParams
 from leyline.engine.engine import Engine
 from leyline.engine.session import SessionCache
-from leyline.evals.bench_common import document, engine_bench_args, start_engine_bench
-from leyline.evals.bench_linear_kernel import DTYPES
+from leyline.evals.bench_common import DTYPES, document, engine_bench_args, start_engine_bench
 
 PHASES = ("prefill", "begin", "generate", "turn")
 """``begin``: the generation's setup (``begin_generation``: where the copy goes); ``generate``
