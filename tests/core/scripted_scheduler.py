@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from leyline.core.batch import common_prefix
 from leyline.core.turns import OnToken, SamplingParams
-from leyline.protocol import ErrorCode, FallbackReason, LeylineError
+from leyline.protocol import ErrorCode, FallbackReason
 from leyline.protocol.algebra import apply_edits
 from leyline.protocol.directives import Mode
 from leyline.sglang.link import Generated, SchedulerAnswer, SchedulerOrder
@@ -46,35 +46,35 @@ class ScriptedScheduler:
         self.prefills.append(len(tokens))
         self.cache(salt).add(tuple(tokens))
 
-    async def hold(
-        self,
-        key: str,
-        tokens: Sequence[int],
-        evictable: Sequence[str] = (),
-        salt: str | None = None,
-    ) -> tuple[int, tuple[str, ...]]:
-        self.sent.append("hold")
+    def _hold(self, order: SchedulerOrder) -> SchedulerAnswer:
+        key, tokens = order.key, tuple(order.old_tokens)
         others = {k: len(t) for k, t in self.held.items() if k != key}
         over = sum(others.values()) + len(tokens) - self.hold_cap
         released: list[str] = []
-        for victim in evictable:
+        for victim in order.evictable:
             if over > 0 and victim in others:
                 released.append(victim)
                 over -= others[victim]
         if over > 0:
-            raise LeylineError(ErrorCode.limit_exceeded, "no room to hold it", "tokens")
+            return SchedulerAnswer(
+                ok=False,
+                error_code=ErrorCode.limit_exceeded.value,
+                error_field="tokens",
+                message="no room to hold it",
+            )
         for victim in released:
             del self.held[victim]
-        held = self.cached_length(tokens, salt)
-        self.held[key] = tuple(tokens[:held])
-        return held, tuple(released)
-
-    async def release(self, key: str) -> None:
-        self.sent.append("release")
-        self.held.pop(key, None)
+        held = self.cached_length(tokens, order.old_salt)
+        self.held[key] = tokens[:held]
+        return SchedulerAnswer(ok=True, cached_tokens=held, released=tuple(released))
 
     async def send(self, order: SchedulerOrder) -> SchedulerAnswer:
         self.sent.append(order.verb)
+        if order.verb == "hold":
+            return self._hold(order)
+        if order.verb == "release":
+            self.held.pop(order.key, None)
+            return SchedulerAnswer(ok=True)
         old, edits, blocks = tuple(order.old_tokens), order.edits, order.blocks
         old_salt, new_salt = order.old_salt, order.new_salt
         if order.verb == "forget":

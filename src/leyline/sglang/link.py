@@ -72,28 +72,18 @@ class SchedulerOrder:
 
 class SchedulerLink(Protocol):
     async def send(self, order: SchedulerOrder) -> SchedulerAnswer:
-        """Run a ``splice`` or ``forget`` order."""
+        """Run one order on the scheduler (a refusal comes back in the answer: see
+        :func:`checked`).
+
+        ``hold`` locks what the tree holds of ``old_tokens`` (in ``old_salt``) under ``key``,
+        replacing that key's lock, and may release keys of ``evictable`` (in order) to make
+        room; the answer says how many tokens are held (``cached_tokens``) and the keys
+        released. Refused with ``limit_exceeded``, changing nothing, when even releasing all
+        of them leaves no room. ``release`` lets ``key``'s lock go."""
         ...
 
     async def prefill(self, tokens: Sequence[int], salt: str | None = None) -> None:
         """Run an ordinary generate over ``tokens`` so the tree caches them (under ``salt``)."""
-        ...
-
-    async def hold(
-        self,
-        key: str,
-        tokens: Sequence[int],
-        evictable: Sequence[str] = (),
-        salt: str | None = None,
-    ) -> tuple[int, tuple[str, ...]]:
-        """Lock what the tree holds of ``tokens`` (in ``salt``) under ``key`` (replacing that
-        key's lock), releasing keys of ``evictable`` (in order) if that makes room; returns how
-        many tokens are held and the keys released. Raises ``LeylineError(limit_exceeded)``,
-        changing nothing, when even releasing all of them leaves no room."""
-        ...
-
-    async def release(self, key: str) -> None:
-        """Let ``key``'s lock go."""
         ...
 
 

@@ -27,7 +27,7 @@ from leyline.core.backend import SkillLabel, SkillRegistration, describe_skill
 from leyline.protocol import ErrorCode, LeylineError
 from leyline.protocol.resolve import SkillTokens
 from leyline.protocol.resources import SkillInfo, skill_content_hash
-from leyline.sglang.link import SchedulerLink
+from leyline.sglang.link import SchedulerLink, SchedulerOrder, checked
 
 
 @dataclass
@@ -148,11 +148,14 @@ class SkillHolds:
         first, to make room (they are then gone), or refuse with nothing changed."""
         idle = [s.hold_key for k, s in self._entries.items()
                 if not s.users and k != (skill.tenant, skill.id)]  # fmt: skip
-        held, released = await self.link.hold(skill.hold_key, skill.source, idle, skill.salt)
-        gone = set(released)
+        order = SchedulerOrder(
+            "hold", skill.source, key=skill.hold_key, evictable=idle, old_salt=skill.salt
+        )
+        answer = checked(await self.link.send(order))
+        gone = set(answer.released)
         for key in [k for k, s in self._entries.items() if s.hold_key in gone]:
             del self._entries[key]
-        return held
+        return answer.cached_tokens
 
     async def delete(self, tenant: str, skill_id: str) -> None:
         """Raises ``unknown_skill``, or ``invalid_directive`` while a compose reads it."""
@@ -160,7 +163,7 @@ class SkillHolds:
             skill = self.get(tenant, skill_id)
             if skill.users:
                 raise _in_use(skill)
-            await self.link.release(skill.hold_key)
+            checked(await self.link.send(SchedulerOrder("release", key=skill.hold_key)))
             del self._entries[(tenant, skill_id)]
 
     @contextmanager

@@ -24,7 +24,7 @@ from leyline.protocol.resources import API_PREFIX
 from leyline.serve.service import LeylineService
 from leyline.serve.settings import ServerSettings
 from leyline.sglang.backend import SglangBackend
-from leyline.sglang.link import Generated, SchedulerAnswer, SchedulerOrder, checked
+from leyline.sglang.link import Generated, SchedulerAnswer, SchedulerOrder
 from leyline.sglang.openai_dispatch import LeylineDispatch, leyline_openai_app
 from leyline.sglang.session import SglangSession
 from leyline.sglang.tenant_keys import TenantKeys, tenants_from_env
@@ -39,20 +39,6 @@ class TokenizerManagerLink:
 
     async def send(self, order: SchedulerOrder) -> SchedulerAnswer:
         return await self._ask(to_wire(order))
-
-    async def hold(
-        self,
-        key: str,
-        tokens: Sequence[int],
-        evictable: Sequence[str] = (),
-        salt: str | None = None,
-    ) -> tuple[int, tuple[str, ...]]:
-        order = SchedulerOrder("hold", tokens, key=key, evictable=evictable, old_salt=salt)
-        answer = checked(await self._ask(to_wire(order)))
-        return answer.cached_tokens, answer.released
-
-    async def release(self, key: str) -> None:
-        checked(await self._ask(to_wire(SchedulerOrder("release", key=key))))
 
     async def _ask(self, req: LeylineSpliceReqInput) -> SchedulerAnswer:
         results: list[LeylineSpliceReqOutput] = await self.tm.leyline_splice_communicator(req)
