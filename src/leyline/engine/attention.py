@@ -1,13 +1,12 @@
 """Scaled-dot-product attention that reads grouped key/value heads in place.
 
-transformers' ``sdpa`` attention expands the key/value heads of a grouped-query model to
-one per query head (``repeat_kv``) whenever a mask is passed with more than one query,
-i.e. on every prefill chunk after the first, every splice's replacement and every masked
-pass (``forward.forward_at``): at 4k tokens on SmolLM2 that copies about 19 MB per layer
-per pass. ``torch``'s SDPA takes the grouped heads directly (``enable_gqa``) with or
-without a mask, bitwise equal on CPU and about 5x faster at that size. The engine
-registers this function under :data:`NAME` and selects it for models loaded with ``sdpa``.
-It also runs the per-row attention of a batched decode step (``batched_decode``).
+transformers' ``sdpa`` attention copies a grouped-query model's key/value heads once per
+query head (``repeat_kv``) whenever a mask comes with more than one query: every prefill
+chunk after the first, every splice's replacement, every masked pass (``forward.forward_at``).
+torch's SDPA takes the grouped heads as they are (``enable_gqa``), mask or not, bitwise
+equal on CPU and several times faster (docs/engine.md, "Grouped heads read in place").
+Registered under :data:`NAME` for models loaded with ``sdpa``; it also runs the per-row
+attention of a batched decode step (``batched_decode``).
 """
 
 from __future__ import annotations

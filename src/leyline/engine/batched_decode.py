@@ -1,19 +1,9 @@
 """One decode step for many generations at once: the weights stream once for all of them.
 
-A decode step of a small model on a CPU is bound by reading the weights (SmolLM2 fp32:
-~540 MB a step); B generations stepped one by one read them B times. Here their tokens run
-as one batch of B rows through the linear layers, while each row keeps its own KV buffers
-and length (the sessions' caches are never gathered into one padded tensor):
-
-- ``rows`` attention (models whose attention reads the cache as it is stored, grouped-query
-  keys and values): each row's new entry is written at its own length and attention runs
-  row by row over its own buffer, grouped heads in place;
-- ``padded`` attention (MLA: the cache holds compressed latents that the model expands
-  after reading them): the rows' latents are gathered into one padded batch, a few hundred
-  bytes a token, with a mask hiding each row's padding.
-
-Both equal stepping each row alone up to fp32 rounding of the batched matrix products
-(tests/engine/test_batched_decode.py).
+A small model's decode step on a CPU is bound by reading the weights, so B generations run
+as one batch of B rows through the linear layers while each row keeps its own KV buffers
+and length (:data:`Mode` says how attention reads them). Both modes equal stepping each
+row alone up to fp32 rounding of the batched products (tests/engine/test_batched_decode.py).
 """
 
 from __future__ import annotations
@@ -35,6 +25,12 @@ ROWS_KWARG = "leyline_rows"
 """The model-forward keyword that carries the rows to :func:`rows_attention`."""
 
 Mode = Literal["rows", "padded"]
+"""``rows`` (models whose attention reads the cache as stored, grouped-query keys and
+values): each row's new entry is written at its own length and attention runs row by row
+over its own buffer, grouped heads in place; no cache is gathered into a padded tensor.
+``padded`` (MLA: the cache holds compressed latents the model expands after reading them):
+the rows' latents, a few hundred bytes a token, are gathered into one padded batch with a
+mask hiding each row's padding."""
 
 
 @dataclass(frozen=True, slots=True)

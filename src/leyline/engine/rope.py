@@ -1,20 +1,9 @@
 """RoPE algebra in one place: the model's own frequencies, and rotation of cached keys by delta.
 
-A key cached at position ``p`` holds ``R(p·f)·k`` (times the rope type's attention scaling,
-e.g. YaRN's mscale, which transformers bakes into its cos/sin tables). Moving it to
-``p + delta`` only needs ``R(delta·f)``: rotations compose, and the scaling is already in
-the key, so it is never applied again. Frequencies come from transformers' own rope init
-functions (``ROPE_INIT_FUNCTIONS``, or the model's ``compute_default_rope_parameters``),
-cross-checked against the buffer the model actually uses.
-
-Pairing: ``"half"`` rotates dim ``i`` with ``i + d/2`` (HF ``rotate_half``); ``"interleaved"``
-rotates ``2i`` with ``2i + 1`` (llama.cpp, DeepSeek-V2's complex form). The rotary band is
-the first ``2·len(inv_freq)`` dims of the tensor handed in; callers slice partial-rotary and
-MLA bands out first (see ``layouts``).
-
-Speed: :func:`rotate_into` runs the fused CPU kernel of ``rope_kernel`` (one read and one
-write per key, about a copy's throughput) wherever it reproduces :func:`rotate_into_eager`
-bitwise; the eager path covers everything else.
+Rotations compose, so moving a key cached at ``p`` to ``p + delta`` needs only
+``R(delta·f)``; the rope type's attention scaling (e.g. YaRN's mscale, which transformers
+bakes into its cos/sin tables) is already in the key and never applied again.
+docs/engine.md ("RoPE") has the rules, the refusals and the kernel's rounding.
 """
 
 from __future__ import annotations
@@ -34,6 +23,8 @@ from leyline.engine.cpu import rope_kernel
 from leyline.protocol.fallback import FallbackReason
 
 Pairing = Literal["half", "interleaved"]
+"""``"half"`` rotates dim ``i`` with ``i + d/2`` (HF ``rotate_half``); ``"interleaved"``
+rotates ``2i`` with ``2i + 1`` (llama.cpp, DeepSeek-V2's complex form)."""
 
 #: Rope types whose frequencies do not depend on the sequence length: a delta rotation of
 #: a cached key is exact. "longrope" switches frequency sets past its original context, so
@@ -335,17 +326,25 @@ def rotate_into(
     pairing: Pairing,
     *,
     offset: int = 0,
+    eager: bool = False,
 ) -> torch.Tensor:
     """Write ``src`` into ``dst`` (same shape) with dims ``[offset, offset + 2·len(inv_freq))``
-    rotated by ``delta``; every other dim copied bitwise. Returns ``dst``.
+    rotated by ``delta``; every other dim copied bitwise. Returns ``dst``. ``offset`` places
+    a partial-rotary or MLA band (``layouts`` finds it).
 
     The rotation runs in fp32 (angles in fp64) and is cast to ``dst.dtype``; ``delta == 0``
     is a plain copy, the identity exactly. ``src`` is never written. On CPU (fp32 or bf16
-    storage) it runs as one fused pass (``rope_kernel``), bitwise equal to
-    :func:`rotate_into_eager`; elsewhere, or without the kernel, it is that function.
+    storage) it runs as one fused pass of ``rope_kernel`` (one read and one write per key,
+    about a copy's throughput) wherever that is bitwise equal to the eager ops; elsewhere,
+    without the kernel, or with ``eager``, it runs the eager PyTorch ops only.
     """
-    _rotate_many([(dst, src)], delta, inv_freq, pairing, offset, fused=True)
+    _rotate_many([(dst, src)], delta, inv_freq, pairing, offset, fused=not eager)
     return dst
+
+
+rotate_into_eager = functools.partial(rotate_into, eager=True)
+"""``rotate_into(..., eager=True)``: the reference the fused kernel is checked against, and
+the path for other devices and dtypes."""
 
 
 def rotate_many_into(
@@ -452,21 +451,6 @@ def _run_move(
             fused=fused,
             nbytes=nbytes,
         )
-
-
-def rotate_into_eager(
-    dst: torch.Tensor,
-    src: torch.Tensor,
-    delta: int,
-    inv_freq: torch.Tensor,
-    pairing: Pairing,
-    *,
-    offset: int = 0,
-) -> torch.Tensor:
-    """:func:`rotate_into` in eager PyTorch ops only: the reference the fused kernel is
-    checked against, and the path for other devices and dtypes."""
-    _rotate_many([(dst, src)], delta, inv_freq, pairing, offset, fused=False)
-    return dst
 
 
 def delta_rotate(

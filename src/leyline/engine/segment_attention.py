@@ -1,27 +1,10 @@
 """Attention over a cache read where it lies: key segments merged by their log-sum-exp.
 
-An edit run in place (``in_place_edit``) computes its new tokens before it moves anything:
-their keys and values go to a small side buffer, and the kept KV stays at its old positions
-in the session's own buffer until the forward is done. A query then sees three kinds of
-segment, each attended on its own and merged exactly (softmax over a union of key sets is
-the log-sum-exp-weighted mix of the parts' softmaxes):
-
-- **kept KV that has not moved** (the prefix before the first change), read in place;
-- **kept KV that will move by ``delta``**, read at its old positions with the query's rotary
-  band rotated by ``-delta``: RoPE scores depend on relative position only, so
-  ``q(p - delta) . k(o)`` is the score of ``q(p)`` against the key moved to ``o + delta``;
-- **the side buffer** (the tokens this forward computes), causally: a query sees the side
-  entries up to its own.
-
-A lone query (the last token run again) takes every segment in one call of the
-single-query kernel (``AttentionKernel.attend_segments``), which merges them as it merges
-its own key chunks; a run of several (the replacement) takes them in one call of its
-causal runs (``AttentionKernel.attend_runs``) where the kernel takes it; otherwise the
-segments are attended one by one and merged here.
-
-The model's attention function (``attention.grouped_sdpa_forward``) takes this path when the
-forward passes a :class:`SegmentPlan` under :data:`SEGMENTS_KWARG`; the cache layer hands it
-the side buffer as ``key``/``value`` and the attention mask of the side entries.
+An in-place edit (``in_place_edit``) runs its forward before it moves any kept KV, so a
+query attends to each segment on its own (the unmoved prefix, each run that will move, the
+side buffer of new tokens) and the parts are merged exactly: softmax over a union of key
+sets is the log-sum-exp-weighted mix of the parts' softmaxes. docs/engine.md ("In place")
+walks through it.
 """
 
 from __future__ import annotations
@@ -36,7 +19,9 @@ from leyline.engine.cpu import attention_kernel
 from leyline.engine.kv.kv_blocks import KVCache
 
 SEGMENTS_KWARG = "leyline_segments"
-"""The model-forward keyword carrying a :class:`SegmentPlan` to the attention function."""
+"""The model-forward keyword carrying a :class:`SegmentPlan` to the attention function
+(``attention.grouped_sdpa_forward``), which then takes this path; the cache layer hands it
+the side buffer as ``key``/``value`` and the attention mask of the side entries."""
 
 RotateQuery = Callable[[torch.Tensor, int], torch.Tensor]
 """A query ``[1, heads, m, d]`` with its rotary band rotated by ``delta`` (a new tensor)."""
@@ -45,7 +30,10 @@ RotateQuery = Callable[[torch.Tensor, int], torch.Tensor]
 @dataclass(frozen=True, slots=True)
 class KeptSegment:
     """Old-buffer positions ``[start, end)`` a query run sees whole; their keys belong
-    ``delta`` positions further on in the new sequence."""
+    ``delta`` positions further on in the new sequence. They are read where they lie with
+    the query's rotary band rotated by ``-delta``: RoPE scores depend on relative position
+    only, so ``q(p - delta) . k(o)`` is the score of ``q(p)`` against the key moved to
+    ``o + delta``. (``delta == 0``: the prefix before the first change, read as it is.)"""
 
     start: int
     end: int
@@ -101,9 +89,10 @@ def kernel_route(
     segments: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
 ) -> Literal["lone", "runs"] | None:
     """Where a run's segments ``(query, key, value)`` (the side entries last) go: a lone
-    query's to the single-query kernel, all in one call (``"lone"``); a run's to the
-    kernel's query runs where it takes them and measured faster (``"runs"``); else None
-    (torch's flash kernel, segment by segment)."""
+    query's to the single-query kernel, all in one call, which merges them as it merges its
+    own key chunks (``"lone"``); a run's to the kernel's causal query runs where it takes
+    them and measured faster (``"runs"``); else None (torch's flash kernel, segment by
+    segment, merged by :func:`merge_parts`)."""
     if kernel is None:
         return None
     if segments[0][0].shape[2] == 1 and all(attention_kernel.eligible(*s) for s in segments):

@@ -1,19 +1,9 @@
 """How much model time work still needs: the estimates behind the scheduler's ``srpt`` policy.
 
-The scheduler orders jobs by the model time they have left when it can estimate it
-(shortest remaining processing time, SRPT: the order that minimises mean response time on
-one server). A job's submitter gives its size in *tokens to run through the model*
-(:func:`turn_cost`); the scheduler turns tokens into seconds with rates learned from the
-work it has finished, so no constant here is tuned to one CPU:
-
-- ``token_s``: model seconds per token of a job (an edit, a prefill), an exponential moving
-  average over finished jobs with a size;
-- ``step_s``: seconds per batched decode step, the same way.
-
-A job with no size is taken to be one prefill chunk until it has held the model longer than
-that; then, as for a sized job that outran its estimate, its attained service is the
-estimate of what is left (the least-attained-service rule: the longer a job has run, the
-longer it is likely to run still).
+Shortest remaining processing time first minimises mean response time on one server. A job
+is sized in *tokens to run through the model* (:func:`turn_cost`), and tokens become
+seconds at rates learned from finished work (:class:`WorkRates`), so no constant here is
+tuned to one CPU.
 """
 
 from __future__ import annotations
@@ -44,9 +34,12 @@ class WorkRates:
     """Model seconds per job token and per decode step, learned from finished work."""
 
     token_s: float = 2e-3
-    """A prior until the first sized job ends (SmolLM2 on two CPU cores: 1-3 ms)."""
+    """Model seconds per token of a job (an edit, a prefill): an exponential moving average
+    over finished jobs with a size. The default is a prior until the first sized job ends
+    (SmolLM2 on two CPU cores: 1-3 ms)."""
     step_s: float = 0.05
-    """A prior until the first decode step ends."""
+    """Seconds per batched decode step, averaged the same way; the default is a prior until
+    the first decode step ends."""
 
     def learn_job(self, tokens: int | None, service_s: float) -> None:
         if tokens is not None and tokens >= _MIN_SIZED_TOKENS and service_s > 0:
@@ -57,7 +50,10 @@ class WorkRates:
             self.step_s += _ALPHA * (seconds - self.step_s)
 
     def job_left(self, tokens: int | None, service_s: float, chunk_tokens: int) -> float:
-        """Seconds a job of ``tokens`` (None: unknown) still needs after ``service_s``."""
+        """Seconds a job of ``tokens`` (None: unknown) still needs after ``service_s``. A job
+        with no size is taken to be one prefill chunk; once a job has outrun its estimate,
+        its attained service is the estimate of what is left (the least-attained-service
+        rule: the longer a job has run, the longer it is likely to run still)."""
         expected = (chunk_tokens if tokens is None else tokens) * self.token_s
         left = expected - service_s
         return left if left > 0 else service_s

@@ -1,19 +1,9 @@
 """Skills: token blocks (a policy, a tool spec, a passage) whose KV is computed once.
 
-A skill's KV is the engine's prefill of its tokens from position 0 with nothing before it.
+A skill's KV is the engine's prefill of its tokens from position 0 with nothing before it;
 COMPOSE (``compose``) later copies it into any session at any position, rotating the keys'
-rope band there, so the block is never prefilled again.
-
-An *anchored* skill (``compile_skill(..., anchor=...)``) is compiled after a few context
-tokens (say, the chat template's system header) whose own KV is then dropped: the block's
-tokens see a sequence start like the one they will land in instead of being the start
-themselves, where the first token draws the attention-sink weight. Its KV is stored as
-if compiled from position 0 (keys rotated back by ``len(anchor)``), so COMPOSE treats both
-kinds alike.
-
-:class:`SkillStore` keeps skills per tenant under a byte budget: the least recently used
-skill that no running compose holds is evicted first; ``acquire``/``release`` (or
-``using``) mark a skill in use so it can never be evicted under a compose that reads it.
+rope band there, so the block is never prefilled again. :class:`SkillStore` keeps them per
+tenant under a byte budget. docs/engine.md ("Compose") has the definition.
 """
 
 from __future__ import annotations
@@ -74,16 +64,18 @@ def compile_skill(
     """Prefill ``tokens`` alone from position 0 and keep their KV as a skill.
 
     ``anchor``: prefill ``anchor + tokens`` instead and keep only the block's KV, its keys'
-    rope band rotated by ``-len(anchor)`` so it reads as compiled from position 0 (see the
-    module docstring). The anchor counts toward no limit of the block but the vocabulary's.
+    rope band rotated by ``-len(anchor)`` so it reads as compiled from position 0 and
+    COMPOSE treats both kinds alike. The anchor (say, the chat template's system header)
+    lets the block see a sequence start like the one it will land in instead of being the
+    start itself, where its first token would draw the attention-sink weight. The anchor
+    counts toward no limit of the block but the vocabulary's.
 
     Raises:
         LeylineError: ``invalid_directive`` for an empty block or ids outside the
             vocabulary; ``limit_exceeded`` past the engine's ``max_skill_tokens``;
             ``unsupported_option`` for an anchor on a model whose keys cannot be rotated.
     """
-    block = tuple(int(t) for t in tokens)
-    lead = tuple(int(t) for t in anchor)
+    block, lead, digest = _identity(engine, tokens, anchor)
     if not block:
         raise LeylineError(ErrorCode.invalid_directive, "a skill needs at least one token")
     cap = engine.limits.max_skill_tokens
@@ -109,9 +101,17 @@ def compile_skill(
     kv, _ = engine.forward((), lead + block)
     if lead:
         kv = _drop_anchor(engine, kv, len(lead))
-    label = engine.loaded.label
-    digest = skill_content_hash(label, block, lead)
-    return Skill(skill_id, tenant, block, kv, label, digest, kv_nbytes(kv), lead)
+    return Skill(skill_id, tenant, block, kv, engine.loaded.label, digest, kv_nbytes(kv), lead)
+
+
+def _identity(
+    engine: Engine, tokens: Sequence[int], anchor: Sequence[int]
+) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+    """The block's and the anchor's token ids as ints, and the content hash they give on
+    ``engine``'s model."""
+    block = tuple(int(t) for t in tokens)
+    lead = tuple(int(t) for t in anchor)
+    return block, lead, skill_content_hash(engine.loaded.label, block, lead)
 
 
 def _drop_anchor(engine: Engine, kv: KVCache, n: int) -> KVCache:
@@ -185,7 +185,8 @@ class SkillStore:
     """Skills keyed by (tenant, id) within ``budget_bytes`` of KV; thread-safe.
 
     Tenants never see each other's skills. Eviction is least recently used (register,
-    get and acquire all count as use) among skills no compose holds.
+    get and acquire all count as use) among skills no compose holds: ``acquire``/``release``
+    (or ``using``) mark a skill in use so it is never evicted under a compose that reads it.
     """
 
     def __init__(self, budget_bytes: int) -> None:
@@ -251,9 +252,7 @@ class SkillStore:
         Raises:
             LeylineError: see :func:`compile_skill` and :meth:`put`.
         """
-        block = tuple(int(t) for t in tokens)
-        lead = tuple(int(t) for t in anchor)
-        digest = skill_content_hash(engine.loaded.label, block, lead)
+        block, lead, digest = _identity(engine, tokens, anchor)
         with self._lock:
             same = self._find(tenant, digest)
         if same is not None and same.id == skill_id:

@@ -2,13 +2,6 @@
 
 Not thread-safe on its own: ``PrefixCache`` holds its lock around every call. Iterative
 throughout (no recursion): a 128k-token sequence is a path of 8k nodes.
-
-Invariants (the tests check them after random operation sequences):
-- ``bytes`` is the sum of ``nbytes`` over all nodes, ``blocks`` their number;
-- a node's ``refcount`` counts the locks on it or on any descendant (a lock covers the
-  whole path from the root), so an unreferenced node has only unreferenced descendants;
-- ``locked_bytes`` is the sum of ``nbytes`` over nodes with ``refcount > 0``, so
-  ``bytes - locked_bytes`` is exactly what eviction can free.
 """
 
 from __future__ import annotations
@@ -56,7 +49,16 @@ class TrieNode:
 
 class BlockTrie:
     """Block trie partitioned by salt: one root per salt, so two salts never share a block
-    (tenants, per-request ``cache_salt``). Budget and LRU span every partition."""
+    (tenants, per-request ``cache_salt``). Budget and LRU span every partition.
+
+    Invariants (the tests check them after random operation sequences):
+
+    - ``bytes`` is the sum of ``nbytes`` over all nodes, ``blocks`` their number;
+    - a node's ``refcount`` counts the locks on it or on any descendant (a lock covers the
+      whole path from the root), so an unreferenced node has only unreferenced descendants;
+    - ``locked_bytes`` is the sum of ``nbytes`` over nodes with ``refcount > 0``, so
+      ``bytes - locked_bytes`` is exactly what eviction can free.
+    """
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size

@@ -1,25 +1,10 @@
 """Layout-agnostic per-layer KV, cut into fixed-size token blocks and joined back.
 
-A cache here is a tuple over layers of tuples of tensors that share one sequence dim:
-``(keys, values)`` of shape ``[1, heads, tokens, dim]`` for GQA/MHA, ``(latent, rope_band)``
-for MLA, or anything else. Nothing looks inside a layer beyond the sequence dim, so every
-architecture's layout works unchanged. A transformers ``DynamicCache`` converts with
-``tuple((layer.keys, layer.values) for layer in cache.layers)``.
-
-Public helpers (all pure; blocks are copies, never views, so in-place edits of a caller's
-cache, e.g. a splice rotating keys, can never reach a cached block):
-
-- ``kv_layout(kv, seq_dim) -> KVLayout``: shape (sequence dim removed), dtype and device of
-  every tensor. Raises ``KVLayoutError`` if ``seq_dim`` is out of range for a tensor.
-- ``kv_seq_len(kv, seq_dim) -> int``: the shared length along ``seq_dim``. Raises
-  ``KVLayoutError`` if the cache is empty or its tensors disagree.
-- ``kv_nbytes(kv) -> int``: bytes of all tensors (``numel * element_size``).
-- ``slice_block(kv, start, length, seq_dim) -> KVCache``: contiguous copy of ``[start,
-  start + length)`` along ``seq_dim``.
-- ``split_blocks(kv, block_size, seq_dim) -> list[KVCache]``: every full block, in order;
-  a trailing partial block is left out.
-- ``concat_blocks(blocks, seq_dim) -> KVCache``: the blocks joined along ``seq_dim``
-  (a new tensor per layer and slot). Raises ``KVLayoutError`` for an empty list.
+A cache is a tuple over layers of tuples of tensors that share one sequence dim (GQA/MHA
+``(keys, values)``, MLA ``(latent, rope_band)``, anything else); nothing looks inside a
+layer beyond that dim, so every architecture's layout works unchanged. The helpers are
+pure, and blocks are copies, never views: an in-place edit of a caller's cache (a splice
+rotating keys) can never reach a cached block.
 """
 
 from __future__ import annotations
@@ -30,9 +15,12 @@ from typing import NamedTuple
 import torch
 
 LayerKV = tuple[torch.Tensor, ...]
-"""One layer's tensors, e.g. ``(keys, values)`` or ``(latent, rope_band)``."""
+"""One layer's tensors, e.g. ``(keys, values)`` of shape ``[1, heads, tokens, dim]`` for
+GQA/MHA or ``(latent, rope_band)`` for MLA."""
 KVCache = tuple[LayerKV, ...]
-"""Per-layer KV of one token range: one ``LayerKV`` per layer."""
+"""Per-layer KV of one token range: one ``LayerKV`` per layer. A transformers
+``DynamicCache`` converts with ``tuple((layer.keys, layer.values) for layer in
+cache.layers)``."""
 
 
 class PrefixCacheError(ValueError):
@@ -66,6 +54,8 @@ def _seq_dim_of(tensor: torch.Tensor, seq_dim: int) -> int:
 
 
 def kv_layout(kv: Sequence[Sequence[torch.Tensor]], seq_dim: int) -> KVLayout:
+    """Shape (sequence dim removed), dtype and device of every tensor. Raises
+    ``KVLayoutError`` if ``seq_dim`` is out of range for a tensor."""
     layers: list[tuple[TensorSpec, ...]] = []
     for layer in kv:
         specs = []
@@ -78,6 +68,8 @@ def kv_layout(kv: Sequence[Sequence[torch.Tensor]], seq_dim: int) -> KVLayout:
 
 
 def kv_seq_len(kv: Sequence[Sequence[torch.Tensor]], seq_dim: int) -> int:
+    """The length all tensors share along ``seq_dim``. Raises ``KVLayoutError`` if the
+    cache is empty or its tensors disagree."""
     lengths = {int(t.shape[_seq_dim_of(t, seq_dim)]) for layer in kv for t in layer}
     if len(lengths) != 1:
         found = sorted(lengths) if lengths else "no tensors"
@@ -86,12 +78,14 @@ def kv_seq_len(kv: Sequence[Sequence[torch.Tensor]], seq_dim: int) -> int:
 
 
 def kv_nbytes(kv: Sequence[Sequence[torch.Tensor]]) -> int:
+    """Bytes of all tensors (``numel * element_size``)."""
     return sum(t.numel() * t.element_size() for layer in kv for t in layer)
 
 
 def slice_block(
     kv: Sequence[Sequence[torch.Tensor]], start: int, length: int, seq_dim: int
 ) -> KVCache:
+    """A contiguous copy of ``[start, start + length)`` along ``seq_dim``."""
     # clone(): a view would pin the caller's whole tensor (bytes we do not account for)
     # and would see the caller's later in-place edits.
     return tuple(
@@ -106,11 +100,14 @@ def slice_block(
 def split_blocks(
     kv: Sequence[Sequence[torch.Tensor]], block_size: int, seq_dim: int
 ) -> list[KVCache]:
+    """Every full block, in order; a trailing partial block is left out."""
     n = kv_seq_len(kv, seq_dim) // block_size
     return [slice_block(kv, i * block_size, block_size, seq_dim) for i in range(n)]
 
 
 def concat_blocks(blocks: Sequence[KVCache], seq_dim: int) -> KVCache:
+    """The blocks joined along ``seq_dim`` (a new tensor per layer and slot). Raises
+    ``KVLayoutError`` for an empty list."""
     if not blocks:
         raise KVLayoutError("concat_blocks needs at least one block")
     first = blocks[0]

@@ -1,18 +1,8 @@
 """Where the rotated dims live in a cache layer, detected from the cache rather than assumed.
 
-Known layouts (all ``KVCache`` layers are ``(tensor0, tensor1)`` with the sequence on dim -2):
-
-- GQA/MHA: ``(keys, values)``; the rotary band is the first ``rotary_dim`` dims of every
-  key head (all of them unless partial rotary), half-split in HF models.
-- MLA, transformers >= 5.15: ``(latent, rope_band)``: the normalised latent
-  ``[B, 1, T, kv_lora_rank]`` is position-free; the shared rope key ``[B, 1, T, rope_dim]``
-  is stored already rotated (interleaved pairs in DeepSeek-V2, half-split in V3).
-- MLA, older transformers: full per-head keys ``[B, H, T, nope + rope]`` with the band last.
-
-:func:`detect_layout` runs a probe: the same few tokens prefilled at positions ``0..n`` and
-``s..s+n``. At layer 0 a key depends only on its token and position, so exactly one
-(tensor, offset, pairing) must turn the first cache into the second when rotated by ``s``,
-while everything outside the band stays equal. None or several: ``unsupported_layout``.
+:func:`detect_layout` probes the model once and finds the one tensor, offset and pairing
+that a rotation explains; a layout it cannot pin down is refused, so splices fall back to
+re-prefill instead of rotating the wrong dims.
 """
 
 from __future__ import annotations
@@ -30,6 +20,17 @@ from leyline.engine.rope import Pairing, RopeSpec, delta_rotate
 from leyline.protocol.fallback import FallbackReason
 
 LayoutKind = Literal["gqa", "mla-latent", "mla-full-keys"]
+"""The known layouts; every ``KVCache`` layer is ``(tensor0, tensor1)``, sequence on dim -2.
+
+- ``gqa`` (GQA/MHA): ``(keys, values)``; the rotary band is the first ``rotary_dim`` dims
+  of every key head (all of them unless partial rotary), half-split in HF models.
+- ``mla-latent`` (MLA, transformers >= 5.15): ``(latent, rope_band)``: the normalised
+  latent ``[B, 1, T, kv_lora_rank]`` is position-free; the shared rope key
+  ``[B, 1, T, rope_dim]`` is stored already rotated (interleaved pairs in DeepSeek-V2,
+  half-split in V3).
+- ``mla-full-keys`` (MLA, older transformers): full per-head keys ``[B, H, T, nope + rope]``
+  with the band last.
+"""
 
 _PROBE_LEN = 8
 _PROBE_SHIFT = 5
@@ -91,7 +92,12 @@ def _refuse_sliding(model: PreTrainedModel) -> None:
 
 
 def detect_layout(model: PreTrainedModel, rope: RopeSpec) -> CacheLayout:
-    """Probe ``model`` and return the layout of its cache (see module doc).
+    """Probe ``model`` and return the layout of its cache.
+
+    The same few tokens are prefilled at positions ``0..n`` and ``s..s+n``. At layer 0 a
+    key depends only on its token and position, so exactly one (tensor, offset, pairing)
+    must turn the first cache into the second when rotated by ``s``, while everything
+    outside the band stays equal (:func:`match_layouts`).
 
     Raises:
         SpliceUnsupportedError: ``unsupported_layout`` when no single band explains the probe.

@@ -1,16 +1,8 @@
 """Prefix cache shared across sessions: a token trie of per-layer KV at block granularity.
 
-Each trie node is one block of ``block_size`` tokens; a node's children are keyed by the
-tokens of the next block, so a node stands for the whole block-aligned prefix on its path.
-Its payload is that block's per-layer KV (see ``kv_blocks``: any layout, sliced along
-``seq_dim``). Its provenance is its path: a node covering positions ``[start, end)`` was
-computed attending to the path's tokens ``[0, end)``, and nothing else.
-
-Salts partition the cache: a block stored under one salt is never matched, purged or
-counted as reused under another (the server salts by tenant and per-request
-``cache_salt``, so no KV and no reuse count crosses them). Budget and LRU span all salts.
-
-Every method is thread-safe (one lock guards the trie).
+A node is one block of ``block_size`` tokens, its payload that block's KV (``kv_blocks``:
+any layout); it was computed attending to exactly the tokens on its path, so a prompt
+reuses the longest block-aligned prefix it shares. docs/prefix_cache.md has the design.
 """
 
 from __future__ import annotations
@@ -124,7 +116,15 @@ def _as_tokens(tokens: Sequence[int]) -> tuple[int, ...]:
 
 
 class PrefixCache:
-    """Block-granular token trie of per-layer KV with LRU eviction.
+    """Block-granular token trie of per-layer KV with LRU eviction; every method is
+    thread-safe (one lock guards the trie).
+
+    A node's children are keyed by the tokens of the next block, so a node stands for the
+    whole block-aligned prefix on its path; a node covering positions ``[start, end)`` was
+    computed attending to the path's tokens ``[0, end)``, and nothing else. Salts partition
+    the cache: a block stored under one salt is never matched, purged or counted as reused
+    under another (the server salts by tenant and per-request ``cache_salt``, so no KV and
+    no reuse count crosses them). Budget and LRU span all salts.
 
     Raises ``InvalidConfigError`` for a negative budget, ``block_size < 1`` or a non-int
     ``seq_dim``. ``budget_bytes=0`` disables caching. The first insert fixes the KV layout

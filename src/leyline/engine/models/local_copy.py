@@ -5,9 +5,6 @@ integrity marker, written last. A copy is built in a sibling temp dir and rename
 place, so a crash mid-conversion leaves no half copy at ``<key>``. A copy that was damaged
 afterwards (truncated, overwritten, marker missing) fails :func:`verify_copy` and is rebuilt,
 never loaded.
-
-The default check is cheap (sizes plus a digest of sampled chunks, well under a second for
-the 517 MB SmolLM2 copy); ``full=True`` hashes every byte.
 """
 
 from __future__ import annotations
@@ -69,7 +66,9 @@ def _describe(directory: Path) -> dict[str, dict[str, object]]:
 
 
 def verify_copy(directory: Path, source: dict[str, object], *, full: bool = False) -> bool:
-    """True when ``directory`` holds a complete copy made from ``source``, unchanged since."""
+    """True when ``directory`` holds a complete copy made from ``source``, unchanged since.
+    The default check is cheap (sizes plus a digest of sampled chunks, well under a second
+    for the 517 MB SmolLM2 copy); ``full=True`` hashes every byte."""
     try:
         marker = json.loads((directory / MARKER).read_text())
     except (OSError, ValueError):

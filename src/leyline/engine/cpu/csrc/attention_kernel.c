@@ -208,6 +208,48 @@ static void ll_segment(const float *q, int64_t group, int64_t d, int64_t dv, flo
     }
 }
 
+/* Both entries split the keys alike: every head's segments (n[i] keys each) cut into tasks
+   of `seg` keys, about LL_TASKS_PER_THREAD a thread over all heads and segments and none
+   shorter than 256 keys, each taken by the next thread free. tasks < 0: a segment without
+   keys. */
+typedef struct {
+    int64_t seg, tasks;
+} ll_split;
+
+static ll_split ll_split_keys(int32_t s, const int64_t *n, int64_t kv, int32_t threads) {
+    int64_t total = 0;
+    for (int32_t i = 0; i < s; i++) {
+        if (n[i] <= 0) return (ll_split){0, -1};
+        total += n[i];
+    }
+    int64_t per = ((int64_t)threads * LL_TASKS_PER_THREAD + kv - 1) / kv;
+    int64_t seg = (total + per - 1) / per;
+    if (seg < 256) seg = 256;
+    int64_t tasks = 0;
+    for (int32_t i = 0; i < s; i++) tasks += kv * ((n[i] + seg - 1) / seg);
+    return (ll_split){seg, tasks};
+}
+
+/* Those tasks, head by head, as (segment, head, first key) triples. */
+static void ll_list_tasks(int64_t *task_of, int32_t s, const int64_t *n, int64_t kv,
+                          int64_t seg) {
+    int64_t t = 0;
+    for (int64_t h = 0; h < kv; h++)
+        for (int32_t i = 0; i < s; i++)
+            for (int64_t lo = 0; lo < n[i]; lo += seg, t++) {
+                task_of[3 * t] = i;
+                task_of[3 * t + 1] = h;
+                task_of[3 * t + 2] = lo;
+            }
+}
+
+/* The end of head h's tasks, which start at `first` (tasks are listed head by head). */
+static int64_t ll_head_end(const int64_t *task_of, int64_t tasks, int64_t first, int64_t h) {
+    int64_t last = first;
+    while (last < tasks && task_of[3 * last + 1] == h) last++;
+    return last;
+}
+
 /* Segments of keys, each with its own query (a query rotated for the segment, say): the
    softmax over the union of their keys. s: the segment count; q: fp32 [s][heads][d],
    contiguous; k[i], v[i]: segment i's [kv][n[i]][d] and [kv][n[i]][dv] (fp32, or bf16 when
@@ -223,21 +265,13 @@ int leyline_single_query_segments(int32_t s, const float *q, int64_t heads, int6
     if (s <= 0 || kv <= 0 || heads % kv || d <= 0 || dv <= 0 || d > LL_MAX_DIM ||
         dv > LL_MAX_DIM || threads <= 0)
         return 1;
-    int64_t group = heads / kv, total = 0;
+    int64_t group = heads / kv;
     if (group > LL_MAX_GROUP) return 2;
-    for (int32_t i = 0; i < s; i++) {
-        if (n[i] <= 0) return 1;
-        total += n[i];
-    }
+    const ll_split split = ll_split_keys(s, n, kv, threads);
+    if (split.tasks < 0) return 1;
+    if (split.tasks > LL_MAX_TASKS) return 3;
+    int64_t seg = split.seg, tasks = split.tasks;
     size_t es = bf16 ? 2 : 4;
-    /* about four tasks per thread over all heads and segments, none shorter than 256 keys,
-       each taken by the next thread free (LL_TASKS_PER_THREAD) */
-    int64_t per = ((int64_t)threads * LL_TASKS_PER_THREAD + kv - 1) / kv;
-    int64_t seg = (total + per - 1) / per;
-    if (seg < 256) seg = 256;
-    int64_t tasks = 0;
-    for (int32_t i = 0; i < s; i++) tasks += kv * ((n[i] + seg - 1) / seg);
-    if (tasks > LL_MAX_TASKS) return 3;
     ll_stats *st = malloc(sizeof(ll_stats) * (size_t)tasks);
     float *acc = malloc(sizeof(float) * (size_t)(tasks * group * dv));
     int64_t *task_of = malloc(sizeof(int64_t) * (size_t)tasks * 3); /* segment, head, lo */
@@ -247,14 +281,7 @@ int leyline_single_query_segments(int32_t s, const float *q, int64_t heads, int6
         free(task_of);
         return 4;
     }
-    int64_t t = 0;
-    for (int64_t h = 0; h < kv; h++)
-        for (int32_t i = 0; i < s; i++)
-            for (int64_t lo = 0; lo < n[i]; lo += seg, t++) {
-                task_of[3 * t] = i;
-                task_of[3 * t + 1] = h;
-                task_of[3 * t + 2] = lo;
-            }
+    ll_list_tasks(task_of, s, n, kv, seg);
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t i = task_of[3 * task], h = task_of[3 * task + 1], lo = task_of[3 * task + 2];
@@ -268,8 +295,7 @@ int leyline_single_query_segments(int32_t s, const float *q, int64_t heads, int6
     /* tasks are ordered by head: each head's are one contiguous range */
     int64_t first = 0;
     for (int64_t h = 0; h < kv; h++) {
-        int64_t last = first;
-        while (last < tasks && task_of[3 * last + 1] == h) last++;
+        int64_t last = ll_head_end(task_of, tasks, first, h);
         for (int64_t g = 0; g < group; g++) {
             float m = -INFINITY, l = 0.0f;
             for (int64_t p = first; p < last; p++) {
@@ -395,7 +421,7 @@ int leyline_query_run_segments(int32_t s, const float *q, int64_t heads, int64_t
     if (s <= 0 || kv <= 0 || m <= 0 || heads % kv || d <= 0 || dv <= 0 || d > LL_MAX_DIM ||
         dv > LL_MAX_DIM || threads <= 0)
         return 1;
-    int64_t group = heads / kv, rows = group * m, total = 0;
+    int64_t group = heads / kv, rows = group * m;
     for (int64_t j = 0; j < m; j++) {
         int64_t seen = 0;
         for (int32_t i = 0; i < s; i++) {
@@ -404,17 +430,11 @@ int leyline_query_run_segments(int32_t s, const float *q, int64_t heads, int64_t
         }
         if (seen <= 0) return 5;
     }
-    for (int32_t i = 0; i < s; i++) {
-        if (n[i] <= 0) return 1;
-        total += n[i];
-    }
+    const ll_split split = ll_split_keys(s, n, kv, threads);
+    if (split.tasks < 0) return 1;
+    if (split.tasks > LL_MAX_TASKS) return 3;
+    int64_t seg = split.seg, tasks = split.tasks;
     size_t es = bf16 ? 2 : 4;
-    int64_t per = ((int64_t)threads * LL_TASKS_PER_THREAD + kv - 1) / kv;
-    int64_t seg = (total + per - 1) / per;
-    if (seg < 256) seg = 256;
-    int64_t tasks = 0;
-    for (int32_t i = 0; i < s; i++) tasks += kv * ((n[i] + seg - 1) / seg);
-    if (tasks > LL_MAX_TASKS) return 3;
     size_t stats = (size_t)(tasks * rows);
     float *mx = malloc(sizeof(float) * stats * 2);
     float *acc = malloc(sizeof(float) * stats * (size_t)dv);
@@ -434,14 +454,7 @@ int leyline_query_run_segments(int32_t s, const float *q, int64_t heads, int64_t
         return 4;
     }
     float *l = mx + stats;
-    int64_t t = 0;
-    for (int64_t h = 0; h < kv; h++)
-        for (int32_t i = 0; i < s; i++)
-            for (int64_t lo = 0; lo < n[i]; lo += seg, t++) {
-                task_of[3 * t] = i;
-                task_of[3 * t + 1] = h;
-                task_of[3 * t + 2] = lo;
-            }
+    ll_list_tasks(task_of, s, n, kv, seg);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
 #ifdef _OPENMP
@@ -463,8 +476,7 @@ int leyline_query_run_segments(int32_t s, const float *q, int64_t heads, int64_t
     /* tasks are ordered by head; a task that saw none of a row's keys holds max -inf */
     int64_t first = 0;
     for (int64_t h = 0; h < kv; h++) {
-        int64_t last = first;
-        while (last < tasks && task_of[3 * last + 1] == h) last++;
+        int64_t last = ll_head_end(task_of, tasks, first, h);
         for (int64_t r = 0; r < rows; r++) {
             float top = -INFINITY, sum = 0.0f;
             for (int64_t p = first; p < last; p++)

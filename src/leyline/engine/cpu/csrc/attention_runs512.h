@@ -10,23 +10,7 @@
 #define LL_RUN512 1
 #define LL_RCHUNK 64
 
-LL_INLINE __m512 ll_exp16(__m512 x) { /* ll_exp on 16 lanes */
-    const __m512 shift = _mm512_set1_ps(12582912.0f);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shift);
-    n = _mm512_sub_ps(n, shift);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
-}
+LL_DEFINE_EXP(ll_exp16, __m512, __m512i, _mm512, 512) /* ll_exp on 16 lanes */
 
 /* Scores of RB blocks of 16 rows (lanes) against TN keys: s[t][rows] for keys t0 .. t0 + TN,
    rows qb .. qb + 16 RB. Each key entry is broadcast once for all RB blocks, so a step is

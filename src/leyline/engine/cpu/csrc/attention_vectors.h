@@ -76,24 +76,28 @@ LL_INLINE float ll_hsum8(__m256 a) {
     return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
 }
 
-/* ll_exp on eight lanes (the same polynomial, multiply-adds fused). */
-LL_INLINE __m256 ll_exp8(__m256 x) {
-    const __m256 shift = _mm256_set1_ps(12582912.0f);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shift);
-    n = _mm256_sub_ps(n, shift); /* round to nearest, as ll_exp */
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
-}
+/* ll_exp on the lanes of one vector (the same polynomial, multiply-adds fused): NAME over
+   vectors V (integer lanes VI) of W bits, intrinsics prefixed P. */
+#define LL_DEFINE_EXP(NAME, V, VI, P, W)                                                  \
+    LL_INLINE V NAME(V x) {                                                               \
+        const V shift = P##_set1_ps(12582912.0f);                                         \
+        x = P##_max_ps(x, P##_set1_ps(-87.0f));                                           \
+        V n = P##_fmadd_ps(x, P##_set1_ps(1.44269504088896341f), shift);                  \
+        n = P##_sub_ps(n, shift); /* round to nearest, as ll_exp */                       \
+        V r = P##_fnmadd_ps(n, P##_set1_ps(0.693359375f), x);                             \
+        r = P##_fnmadd_ps(n, P##_set1_ps(-2.12194440e-4f), r);                            \
+        V p = P##_set1_ps(1.9875691500e-4f);                                              \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.3981999507e-3f));                            \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(8.3334519073e-3f));                            \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(4.1665795894e-2f));                            \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.6666665459e-1f));                            \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(5.0000001201e-1f));                            \
+        p = P##_fmadd_ps(P##_mul_ps(p, r), r, P##_add_ps(r, P##_set1_ps(1.0f)));          \
+        VI e = P##_add_epi32(P##_cvtps_epi32(n), P##_set1_epi32(127));                    \
+        return P##_mul_ps(p, P##_castsi##W##_ps(P##_slli_epi32(e, 23)));                  \
+    }
+
+LL_DEFINE_EXP(ll_exp8, __m256, __m256i, _mm256, 256)
 
 /* Eight rows at a time: eight accumulators of independent multiply-adds and one transposing
    reduction for all eight, where a dot product alone would spend as long reducing its

@@ -56,6 +56,19 @@ static inline uint16_t ll_narrow(float f) {
     return f != f ? (uint16_t)0x7FC0u : (uint16_t)r;
 }
 
+/* The next row of a band, innermost index fastest (a macro: a function taking the indices'
+   addresses compiled the loops with other registers). */
+#define LL_NEXT_ROW(i0, i1, i2, n1, n2) \
+    do {                                \
+        if (++(i2) == (n2)) {           \
+            (i2) = 0;                   \
+            if (++(i1) == (n1)) {       \
+                (i1) = 0;               \
+                ++(i0);                 \
+            }                           \
+        }                               \
+    } while (0)
+
 #define LL_LOAD_f32(p, i) ((p)[i])
 #define LL_STORE_f32(p, i, v) ((p)[i] = (v))
 #define LL_LOAD_bf16(p, i) ll_widen((p)[i])
@@ -75,6 +88,22 @@ typedef uint16_t ll_bf16;
 #define LL_Y2_fused(x1, x2, c, s) fmaf((x1), (s), (x2) * (c))
 #define LL_Y1_plain(x1, x2, c, s) ((x1) * (c) - (x2) * (s))
 #define LL_Y2_plain(x1, x2, c, s) ((x2) * (c) + (x1) * (s))
+
+/* DEF(pairing, rounding order, storage) for every pairing and order. */
+#define LL_EACH_ROTATION(DEF, T) \
+    DEF(half, fused, T) DEF(half, plain, T) DEF(inter, fused, T) DEF(inter, plain, T)
+
+/* bf16 rows gain from 512-bit vectors where the build allows AVX-512 (widening and
+   rounding are integer work on twice the lanes), fp32 rows do not (see _flags): functions
+   defined between LL_WIDE_BEGIN and LL_WIDE_END prefer them. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define LL_WIDE_BEGIN \
+    _Pragma("GCC push_options") _Pragma("GCC target(\"prefer-vector-width=512\")")
+#define LL_WIDE_END _Pragma("GCC pop_options")
+#else
+#define LL_WIDE_BEGIN
+#define LL_WIDE_END
+#endif
 
 /* One row, inlined into a loop over rows; a constant h unrolls it. */
 #define LL_DEFINE(PAIR, ORDER, T)                                                            \
@@ -110,30 +139,13 @@ typedef uint16_t ll_bf16;
                 ll_row_##PAIR##_##ORDER##_##T(x, y, c, s, 64);                              \
             else                                                                            \
                 ll_row_##PAIR##_##ORDER##_##T(x, y, c, s, h);                               \
-            if (++i2 == n2) {                                                               \
-                i2 = 0;                                                                     \
-                if (++i1 == n1) {                                                           \
-                    i1 = 0;                                                                 \
-                    ++i0;                                                                   \
-                }                                                                           \
-            }                                                                               \
+            LL_NEXT_ROW(i0, i1, i2, n1, n2);                                                \
         }                                                                                   \
     }
 
-LL_DEFINE(half, fused, f32)
-LL_DEFINE(half, plain, f32)
-LL_DEFINE(inter, fused, f32)
-LL_DEFINE(inter, plain, f32)
-/* bf16 rows gain from 512-bit vectors where the build allows AVX-512 (widening and
-   rounding are integer work on twice the lanes), fp32 rows do not (see _flags). */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC target("prefer-vector-width=512")
-#endif
-LL_DEFINE(half, fused, bf16)
-LL_DEFINE(half, plain, bf16)
-LL_DEFINE(inter, fused, bf16)
-LL_DEFINE(inter, plain, bf16)
+LL_EACH_ROTATION(LL_DEFINE, f32)
+LL_WIDE_BEGIN
+LL_EACH_ROTATION(LL_DEFINE, bf16)
 
 /* Interleaved bf16, pairs 4-byte aligned: one uint32 holds a pair, widened by a shift and a
    mask and put back together without any packing across lanes. Otherwise: the above. */
@@ -176,21 +188,13 @@ LL_DEFINE(inter, plain, bf16)
                 ll_pairs_##ORDER(x, y, c, s, 32);                                           \
             else                                                                            \
                 ll_pairs_##ORDER(x, y, c, s, h);                                            \
-            if (++i2 == n2) {                                                               \
-                i2 = 0;                                                                     \
-                if (++i1 == n1) {                                                           \
-                    i1 = 0;                                                                 \
-                    ++i0;                                                                   \
-                }                                                                           \
-            }                                                                               \
+            LL_NEXT_ROW(i0, i1, i2, n1, n2);                                                \
         }                                                                                   \
     }
 
 LL_DEFINE_PAIRS(fused)
 LL_DEFINE_PAIRS(plain)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
+LL_WIDE_END
 
 /* The caller's descriptors (LL_DESC int64 each) into bands; -1 on a size below 1. */
 static int ll_parse_bands(const int64_t *desc, int64_t nbands, ll_band *bands) {
@@ -293,21 +297,10 @@ int leyline_rope_rotate(const int64_t *desc, int64_t nbands, const float *cos,
 typedef void (*ll_move_fn)(const ll_task *t, const ll_band *b, int64_t slice, int32_t dim,
                            int32_t off);
 
-LL_DEFINE_MOVE(half, fused, f32)
-LL_DEFINE_MOVE(half, plain, f32)
-LL_DEFINE_MOVE(inter, fused, f32)
-LL_DEFINE_MOVE(inter, plain, f32)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC target("prefer-vector-width=512")
-#endif
-LL_DEFINE_MOVE(half, fused, bf16)
-LL_DEFINE_MOVE(half, plain, bf16)
-LL_DEFINE_MOVE(inter, fused, bf16)
-LL_DEFINE_MOVE(inter, plain, bf16)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
+LL_EACH_ROTATION(LL_DEFINE_MOVE, f32)
+LL_WIDE_BEGIN
+LL_EACH_ROTATION(LL_DEFINE_MOVE, bf16)
+LL_WIDE_END
 
 static void ll_move_copy(const ll_band *b, int64_t slice, int64_t row_bytes, int64_t elem) {
     const int64_t n1 = b->size[1], n2 = b->size[2];
