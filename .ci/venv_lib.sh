@@ -1,5 +1,5 @@
-# Shared by the scripts that build the side venvs (scripts/debug_gym/setup_env.sh,
-# scripts/sglang/setup_env.sh). Source it after setting `venv` and defining `say`.
+# Shared by the scripts that build the side venvs (scripts/{debug_gym,sglang,vllm}/
+# setup_env.sh). Source it after setting `root`, `venv` and defining `say`.
 
 # find_python VERSION OVERRIDE: OVERRIDE if set, else pyenv's VERSION, else pythonVERSION.
 find_python() {
@@ -34,4 +34,23 @@ pip_install() {
     echo "pip install failed; full log: $log" >&2
     exit 1
   fi
+}
+
+# pins_installed PIN...: true when $venv was last built from these pins and this
+# pyproject.toml (a stamp of both; a change to either reinstalls). Call pins_stamped after.
+pins_installed() {
+  stamp=$venv/.leyline-setup-stamp
+  want=$( { printf '%s\n' "$@"; cat "$root/pyproject.toml"; } | sha256sum | cut -d' ' -f1)
+  if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
+    say "packages already installed (the stamp matches the pins and pyproject.toml)"
+    return 0
+  fi
+  rm -f "$stamp"
+  : >"$log"
+  return 1
+}
+
+# pins_stamped: record that the pins pins_installed was given are now installed.
+pins_stamped() {
+  echo "$want" >"$stamp"
 }

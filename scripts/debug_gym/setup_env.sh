@@ -38,21 +38,14 @@ nodeps=(debug-gym==1.3.0 swesmith==0.0.4)
 source "$root/.ci/venv_lib.sh"
 make_venv 3.12 "${PYTHON312:-}"
 
-# The stamp hashes the pins and pyproject.toml: a change to either reinstalls.
-stamp=$venv/.leyline-setup-stamp
-want=$( { printf '%s\n' "${nodeps[@]}" "${requirements[@]}"; cat "$root/pyproject.toml"; } \
-  | sha256sum | cut -d' ' -f1)
-if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
-  say "packages already installed (the stamp matches the pins and pyproject.toml)"
-else
-  : >"$log"
+if ! pins_installed "${nodeps[@]}" "${requirements[@]}"; then
   say "pip install --no-deps ${nodeps[*]}   (log: $log)"
   pip_install --no-deps "${nodeps[@]}"
   say "pip install debug-gym's pinned dependencies: ${requirements[*]}"
   pip_install "${requirements[@]}"
   say "pip install -e $root (the Leyline SDK, base install: no extras, no torch)"
   pip_install -e "$root"
-  echo "$want" >"$stamp"
+  pins_stamped
 fi
 
 say "checking: openai is debug-gym's 1.99.9 (the SDK allows >=1.99.9), torch is absent"

@@ -42,17 +42,8 @@ leyline_extras=(httpx tiktoken safetensors pytest hypothesis prometheus_client)
 source "$root/.ci/venv_lib.sh"
 make_venv 3.11 "${PYTHON311:-}"
 
-# The stamp hashes the pins and pyproject.toml: a change to either reinstalls.
-stamp=$venv/.leyline-setup-stamp
-want=$( {
-  printf '%s\n' "$torch_pin" "${nodeps[@]}" "${requirements[@]}" "${server_requirements[@]}"
-  printf '%s\n' "${leyline_extras[@]}"
-  cat "$root/pyproject.toml"
-} | sha256sum | cut -d' ' -f1)
-if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
-  say "packages already installed (the stamp matches the pins and pyproject.toml)"
-else
-  : >"$log"
+if ! pins_installed "$torch_pin" "${nodeps[@]}" "${requirements[@]}" \
+  "${server_requirements[@]}" "${leyline_extras[@]}"; then
   say "pip install $torch_pin (the CPU wheel, before anything can pull a CUDA build)  (log: $log)"
   pip_install "$torch_pin"
   say "pip install --no-deps ${nodeps[*]}"
@@ -64,8 +55,7 @@ else
   say "pip install --no-deps -e $root, then ${leyline_extras[*]}"
   pip_install --no-deps -e "$root"
   pip_install "$torch_pin" "${leyline_extras[@]}"
-  rm -f "$stamp"
-  echo "$want" >"$stamp"
+  pins_stamped
 fi
 
 say "checking: torch is the CPU build, sglang is 0.5.23, the plugin entry point is registered"
