@@ -70,4 +70,11 @@ sglang-live-check: setup
 	bash scripts/sglang/live_check.sh
 
 clean:
-	rm -rf $(VENV) $(SDK_VENV) .venv-debuggym .venv-sglang .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SDK_VENV) .venv-debuggym .venv-sglang .venv-vllm .pytest_cache .mypy_cache .ruff_cache
+
+# vLLM 0.32.0 (CPU) in its own environment (.venv-vllm), then the vLLM backend's tests
+# against its real classes (docs/vllm-design.md).
+.PHONY: vllm-check
+vllm-check:
+	bash scripts/vllm/setup_env.sh
+	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm

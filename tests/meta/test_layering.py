@@ -12,7 +12,7 @@ from .fresh_python import loaded_in_fresh_python
 ROOT = Path(__file__).resolve().parents[2]
 
 SRC = ROOT / "src" / "leyline"
-LAYERS = ("protocol", "policies", "core", "engine", "serve", "sglang", "evals", "cli")
+LAYERS = ("protocol", "policies", "core", "engine", "serve", "sglang", "vllm", "evals", "cli")
 # Each layer and the layers of ours it may import (docs/architecture.md has the picture).
 ALLOWED = {
     "protocol": set(),
@@ -21,6 +21,7 @@ ALLOWED = {
     "engine": {"protocol", "core"},
     "serve": {"protocol", "core", "engine"},
     "sglang": {"protocol", "core", "engine", "serve"},
+    "vllm": {"protocol", "core", "engine", "serve"},
     "cli": {"protocol", "core", "engine", "serve", "evals"},
     "evals": {"protocol", "policies", "core", "engine", "serve"},
 }

@@ -1,0 +1,11 @@
+"""The vLLM backend (issue 47; docs/vllm-design.md): Leyline directives executed through
+vLLM's own extension points (a KV connector, endpoint and general plugins).
+
+Built so far, the pieces the connector's load path stands on:
+
+* ``sources``: where vLLM cached a (salt, tokens) sequence (its block ids), and the purge.
+* ``kv_layout``: rows of the attention backend's per-layer KV tensor, learned from the
+  backend's own cache write; keys moved with their rope band rotated.
+
+Only the modules that need vLLM import it: ``import leyline.vllm`` never does.
+"""
