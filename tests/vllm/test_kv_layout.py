@@ -10,6 +10,7 @@ import torch
 
 from leyline.core.errors import SpliceUnsupportedError
 from leyline.engine.rope import Pairing
+from leyline.engine.rope_band import RopeBand
 from leyline.protocol.fallback import FallbackReason
 from leyline.vllm.kv_layout import (
     CacheWrite,
@@ -80,7 +81,8 @@ def test_rows_round_trip_bitwise(dtype: torch.dtype) -> None:
 
     # A move with no shift: keys and values land bitwise in other blocks.
     to_blocks, to_offsets = _slots(40, first_block=4, seed=3)
-    unshifted = shift_keys(got_keys, torch.zeros(40, dtype=torch.int64), torch.ones(16), "half")
+    no_shift = torch.zeros(40, dtype=torch.int64)
+    unshifted = shift_keys(got_keys, no_shift, RopeBand(torch.ones(16), "half"))
     layout.scatter(by_backend, to_blocks, to_offsets, unshifted, got_values)
     moved_keys, moved_values = layout.gather(by_backend, to_blocks, to_offsets)
     assert torch.equal(moved_keys, keys) and torch.equal(moved_values, values)
@@ -126,9 +128,8 @@ def test_moved_keys_match_keys_recomputed_at_new_positions(pairing: Pairing) -> 
     )
 
     keys, got_values = layout.gather(cache, from_blocks, from_offsets)
-    layout.scatter(
-        cache, to_blocks, to_offsets, shift_keys(keys, shifts, inv_freq, pairing), got_values
-    )
+    shifted = shift_keys(keys, shifts, RopeBand(inv_freq, pairing))
+    layout.scatter(cache, to_blocks, to_offsets, shifted, got_values)
     moved_keys, moved_values = layout.gather(cache, to_blocks, to_offsets)
 
     want = _rope_from_scratch(raw, old + shifts, inv_freq, pairing)

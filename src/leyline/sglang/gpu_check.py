@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from leyline.sglang.kv_rows import MlaRows, RopeBand
+from leyline.engine.rope_band import RopeBand
+from leyline.sglang.kv_rows import MlaRows
 
 LORA, ROPE_DIM, MSCALE = 512, 64, 1.1386  # DeepSeek-V3's latent and rope band; YaRN-like mscale
 

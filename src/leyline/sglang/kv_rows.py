@@ -17,29 +17,16 @@ Other pools (fp8 storage, DSA, SWA/hybrid, quantized) are refused: ``unsupported
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
 
 from leyline.core.errors import SpliceUnsupportedError
-from leyline.engine.rope import Pairing, rotate_into
+from leyline.engine.rope import rotate_into
+from leyline.engine.rope_band import RopeBand
 from leyline.protocol.fallback import FallbackReason
 
 Layout = Literal["mla", "gqa"]
-
-
-@dataclass(frozen=True, slots=True)
-class RopeBand:
-    """The frequencies SGLang rotated the cached keys with, and how it paired dims."""
-
-    inv_freq: torch.Tensor
-    """fp32, ``[rotary_dim // 2]``."""
-    pairing: Pairing
-
-    @property
-    def width(self) -> int:
-        return 2 * int(self.inv_freq.numel())
 
 
 class KVRows(Protocol):

@@ -14,17 +14,7 @@ from typing import Any
 
 import torch
 
-from leyline.core.errors import SpliceUnsupportedError
-from leyline.protocol.fallback import FallbackReason
-from leyline.sglang.kv_rows import RopeBand
-
-#: class name -> the attribute passed to its ``_compute_inv_freq``. Exact classes only.
-_SHIFTABLE = {
-    "RotaryEmbedding": "base",
-    "Llama3RotaryEmbedding": "base",
-    "DeepseekScalingRotaryEmbedding": "scaling_factor",
-    "YaRNScalingRotaryEmbedding": "scaling_factor",
-}
+from leyline.engine.rope_band import RopeBand, band_of_rotary, common_band
 
 
 def band_of(rotary: Any) -> RopeBand:
@@ -32,22 +22,14 @@ def band_of(rotary: Any) -> RopeBand:
     from sglang.srt.layers.rotary_embedding import base as rope_base
     from sglang.srt.layers.rotary_embedding import rope_variant, yarn
 
-    name = type(rotary).__name__
-    known = {
-        "RotaryEmbedding": rope_base.RotaryEmbedding,
-        "Llama3RotaryEmbedding": rope_variant.Llama3RotaryEmbedding,
-        "DeepseekScalingRotaryEmbedding": rope_variant.DeepseekScalingRotaryEmbedding,
-        "YaRNScalingRotaryEmbedding": yarn.YaRNScalingRotaryEmbedding,
+    # Exact classes -> the attribute passed to their ``_compute_inv_freq``.
+    shiftable: dict[type, str] = {
+        rope_base.RotaryEmbedding: "base",
+        rope_variant.Llama3RotaryEmbedding: "base",
+        rope_variant.DeepseekScalingRotaryEmbedding: "scaling_factor",
+        yarn.YaRNScalingRotaryEmbedding: "scaling_factor",
     }
-    if name not in _SHIFTABLE or type(rotary) is not known[name]:
-        raise SpliceUnsupportedError(
-            FallbackReason.unsupported_rope,
-            f"{name} cannot be shifted exactly (only {', '.join(sorted(_SHIFTABLE))})",
-        )
-    with torch.no_grad():
-        inv_freq = rotary._compute_inv_freq(getattr(rotary, _SHIFTABLE[name]))
-    inv_freq = inv_freq.detach().to(device="cpu", dtype=torch.float32)
-    return RopeBand(inv_freq, "half" if rotary.is_neox_style else "interleaved")
+    return band_of_rotary(rotary, shiftable)
 
 
 def band_of_model(model: torch.nn.Module) -> RopeBand:
@@ -58,13 +40,4 @@ def band_of_model(model: torch.nn.Module) -> RopeBand:
     rotaries = [
         m for m in model.modules() if isinstance(m, RotaryEmbedding) or hasattr(m, "cos_sin_cache")
     ]
-    if not rotaries:
-        raise SpliceUnsupportedError(FallbackReason.unsupported_rope, "the model has no RoPE")
-    bands = [band_of(m) for m in rotaries]
-    first = bands[0]
-    for band in bands[1:]:
-        if band.pairing != first.pairing or not torch.equal(band.inv_freq, first.inv_freq):
-            raise SpliceUnsupportedError(
-                FallbackReason.unsupported_rope, "the model's layers use different RoPEs"
-            )
-    return first
+    return common_band(band_of(m) for m in rotaries)

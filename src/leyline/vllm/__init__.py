@@ -6,6 +6,8 @@ Built so far, the pieces the connector's load path stands on:
 * ``sources``: where vLLM cached a (salt, tokens) sequence (its block ids), and the purge.
 * ``kv_layout``: rows of the attention backend's per-layer KV tensor, learned from the
   backend's own cache write; keys moved with their rope band rotated.
+* ``rope_source``: the rope band vLLM rotated its keys with, read from its rotary modules
+  (default, llama3, YaRN, DeepSeek-YaRN; any other is ``unsupported_rope``).
 
 Only the modules that need vLLM import it: ``import leyline.vllm`` never does.
 """

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from leyline.core.errors import SpliceUnsupportedError
-from leyline.engine.rope import Pairing, rotate_into
+from leyline.engine.rope import rotate_into
+from leyline.engine.rope_band import RopeBand
 from leyline.protocol.fallback import FallbackReason
 
 CacheWrite = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
@@ -98,18 +99,18 @@ class KVLayout:
         flat[at, self.values[offsets]] = values.to(cache.dtype)
 
 
-def shift_keys(
-    keys: torch.Tensor, shifts: torch.Tensor, inv_freq: torch.Tensor, pairing: Pairing
-) -> torch.Tensor:
+def shift_keys(keys: torch.Tensor, shifts: torch.Tensor, band: RopeBand) -> torch.Tensor:
     """``keys`` ``[n, heads, head_size]`` with row ``i`` moved by ``shifts[i]`` positions: the
-    leading ``2 * len(inv_freq)`` dims of each head (where vLLM's rotary embedding puts
-    the band) rotated by ``leyline.engine.rope``, the rest copied bitwise."""
+    leading ``band.width`` dims of each head (where vLLM's rotary embedding puts the band)
+    rotated by ``leyline.engine.rope``, the rest copied bitwise."""
     out = keys.clone()
     for shift in torch.unique(shifts).tolist():
         if shift != 0:
             rows = (shifts == shift).nonzero().squeeze(1)
             moved = keys[rows]
-            out[rows] = rotate_into(torch.empty_like(moved), moved, int(shift), inv_freq, pairing)
+            out[rows] = rotate_into(
+                torch.empty_like(moved), moved, int(shift), band.inv_freq, band.pairing
+            )
     return out
 
 
