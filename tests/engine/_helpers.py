@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PhiConfig, PhiForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PhiConfig,
+    PhiForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 
 from leyline.engine.kv.kv_blocks import KVCache
 from leyline.engine.models import LoadedModel
@@ -20,44 +27,39 @@ YARN = {
 }
 
 
-def tiny_llama(rope_parameters: dict[str, Any] | None = None, *, seed: int = 0) -> LoadedModel:
-    """A random 2-layer GQA Llama (label says random); ``initializer_range`` high enough
-    that attention is not uniform."""
-    config = LlamaConfig(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        initializer_range=0.1,
-        rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0},
-    )
+# What the tiny random models share; ``initializer_range`` high enough that attention is
+# not uniform.
+_TINY: dict[str, Any] = {
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 2048,
+    "initializer_range": 0.1,
+}
+
+
+def _random_model(
+    model_class: type[PreTrainedModel], config: PretrainedConfig, name: str, seed: int
+) -> LoadedModel:
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
-    return LoadedModel(model, None, "tiny-llama", "random", random_weights=True)
+    model = model_class(config).eval()
+    return LoadedModel(model, None, name, "random", random_weights=True)
+
+
+def tiny_llama(rope_parameters: dict[str, Any] | None = None, *, seed: int = 0) -> LoadedModel:
+    """A random 2-layer GQA Llama (label says random)."""
+    rope = rope_parameters or {"rope_type": "default", "rope_theta": 10000.0}
+    config = LlamaConfig(**_TINY, num_key_value_heads=2, rope_parameters=rope)
+    return _random_model(LlamaForCausalLM, config, "tiny-llama", seed)
 
 
 def tiny_phi(*, seed: int = 0) -> LoadedModel:
     """A random Phi with partial rotary (half of each head rotated)."""
-    config = PhiConfig(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=2048,
-        initializer_range=0.1,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "partial_rotary_factor": 0.5,
-        },
-    )
-    torch.manual_seed(seed)
-    model = PhiForCausalLM(config).eval()
-    return LoadedModel(model, None, "tiny-phi", "random", random_weights=True)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    config = PhiConfig(**_TINY, rope_parameters=rope)
+    return _random_model(PhiForCausalLM, config, "tiny-phi", seed)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

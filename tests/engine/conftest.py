@@ -30,6 +30,20 @@ def mla_engine(request: pytest.FixtureRequest) -> Engine:
     return Engine(build_tiny_mla(request.param))
 
 
+@pytest.fixture(scope="session", params=["llama", "v2", "v3"])
+def tiny_engine(request: pytest.FixtureRequest) -> Engine:
+    """Each tiny random model: the GQA Llama of ``llama_engine`` and the MLA V2 and V3."""
+    if request.param == "llama":
+        return request.getfixturevalue("llama_engine")
+    return Engine(build_tiny_mla(request.param))
+
+
+@pytest.fixture(scope="module")
+def mla() -> Engine:
+    """A tiny MLA V2 engine of the module's own (its skill store and caches start empty)."""
+    return Engine(build_tiny_mla("v2"))
+
+
 # The COMPOSE tests run on the real model (slow) and both tiny MLA layouts.
 COMPOSE_ENGINES = [
     pytest.param("smollm2", marks=[pytest.mark.slow, pytest.mark.model]),

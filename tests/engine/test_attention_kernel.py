@@ -12,6 +12,8 @@ from leyline.engine.cpu import attention_kernel
 from leyline.engine.cpu.attention_kernel import AttentionKernel
 from leyline.engine.cpu.switches import OVERRIDES
 
+from ._kernels import portable_attention_kernel
+
 
 @pytest.fixture(scope="module")
 def kernel() -> AttentionKernel:
@@ -98,20 +100,7 @@ def test_bf16_is_the_fp64_softmax_of_its_inputs_rounded_once(
 
 @pytest.fixture(scope="module")
 def portable_kernel() -> AttentionKernel:
-    """The same source built without the x86 vector flags: the portable C path that CPUs
-    without AVX2 + FMA (and widths off the 8-lane paths) run."""
-    from leyline.engine.cpu import kernel_build
-
-    def flags(openmp: bool) -> list[str]:
-        vector = ("-mavx", "-mfma", "-mprefer-vector-width")
-        return [f for f in attention_kernel._flags(openmp) if not f.startswith(vector)]
-
-    loaded, status = kernel_build.load_kernel(
-        "attention_kernel_portable", "attention_kernel.c", flags, AttentionKernel
-    )
-    if loaded is None:
-        pytest.skip(f"portable build unavailable: {status.detail}")
-    return loaded
+    return portable_attention_kernel()
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim", "value_dim", "n"), SHAPES)

@@ -96,33 +96,72 @@ def _cat(*parts: torch.Tensor) -> torch.Tensor:
     return torch.cat([p for p in parts if p.shape[-2]], dim=-2)
 
 
-def reference_kv(
+@dataclasses.dataclass(frozen=True)
+class ComposeParts:
+    """What the definition of composing ``skill`` into ``tokens`` at ``at`` is built from:
+    the skill's KV computed alone and the session's own, and where the model keeps its rope
+    band. Every reference (this file's, the recompute modes') starts from these."""
+
+    model: PreTrainedModel
+    tokens: Sequence[int]
+    skill: Sequence[int]
+    at: int
+    seam: int
+    """The seam's length (at most the skill's)."""
+    slot: int
+    pairing: str
+    alone: KVCache
+    """The skill with nothing before it."""
+    old: KVCache
+    """The session's own KV."""
+
+    def copied(self, layer: int, c: int, *, rotate: bool = True) -> torch.Tensor:
+        """The skill's KV past the seam, its keys moved to ``at``: what a compose copies."""
+        y = self.alone[layer][c][..., self.seam :, :]
+        if rotate and c == self.slot:
+            return _rotate(y, self.at, _theta(self.model), self.pairing)
+        return y
+
+    def block(self, *, rotate: bool = True) -> list[list[torch.Tensor]]:
+        """Per layer (keys, values) up to the block's end before any recompute: prefix +
+        seam prefilled fresh, then the copied skill (``rotate=False``: its keys left at 0)."""
+        head = prefill_at(self.model, [*self.tokens[: self.at], *self.skill[: self.seam]], 0)
+        return [
+            [_cat(h[c], self.copied(i, c, rotate=rotate)) for c in range(2)]
+            for i, h in enumerate(head)
+        ]
+
+    def with_downstream(self, cache: Sequence[Sequence[torch.Tensor]]) -> KVCache:
+        """``cache`` (the sequence up to the block's end) followed by the session's KV from
+        ``at`` on, its keys moved by the skill's length (AMORTIZE)."""
+        out = []
+        for i, slots in enumerate(cache):
+            parts = []
+            for c in range(2):
+                down = self.old[i][c][..., self.at :, :]
+                if c == self.slot:
+                    down = _rotate(down, len(self.skill), _theta(self.model), self.pairing)
+                parts.append(_cat(slots[c], down))
+            out.append(tuple(parts))
+        return tuple(out)
+
+
+def compose_parts(
     name: str,
     model: PreTrainedModel,
     tokens: Sequence[int],
     skill: Sequence[int],
     at: int,
     seam: int,
-    *,
-    rotate_skill: bool = True,
-) -> KVCache:
-    """The definition's KV of ``tokens[:at] + skill + tokens[at:]``."""
+) -> ComposeParts:
     slot, pairing = ROPE_BAND[name]
-    theta, k, n = _theta(model), min(seam, len(skill)), len(skill)
-    head = prefill_at(model, list(tokens[:at]) + list(skill[:k]), 0)  # prefix + seam, fresh
-    alone = prefill_at(model, list(skill), 0)  # the skill with nothing before it
-    old = prefill_at(model, list(tokens), 0)  # the session's own KV
-    layers = []
-    for h, a, o in zip(head, alone, old, strict=True):
-        parts = []
-        for s in range(2):
-            rest, down = a[s][..., k:, :], o[s][..., at:, :]
-            if s == slot:
-                rest = _rotate(rest, at, theta, pairing) if rotate_skill else rest
-                down = _rotate(down, n, theta, pairing)
-            parts.append(_cat(h[s], rest, down))
-        layers.append(tuple(parts))
-    return tuple(layers)
+    alone, old = prefill_at(model, list(skill), 0), prefill_at(model, list(tokens), 0)
+    return ComposeParts(model, tokens, skill, at, min(seam, len(skill)), slot, pairing, alone, old)
+
+
+def reference_kv(parts: ComposeParts, *, rotate_skill: bool = True) -> KVCache:
+    """The definition's KV of ``tokens[:at] + skill + tokens[at:]``."""
+    return parts.with_downstream(parts.block(rotate=rotate_skill))
 
 
 @torch.no_grad()
@@ -165,10 +204,9 @@ def _measure(name: str, engine: Engine, where: str, seam: int) -> dict[str, floa
     assert report.prefilled_tokens == seam
 
     # The last-token rule: the composed sequence's last token runs in its new context.
-    ref = _drop_last(reference_kv(name, model, tokens, skill_tokens, at, seam))
-    plain = _drop_last(
-        reference_kv(name, model, tokens, skill_tokens, at, seam, rotate_skill=False)
-    )
+    parts = compose_parts(name, model, tokens, skill_tokens, at, seam)
+    ref = _drop_last(reference_kv(parts))
+    plain = _drop_last(reference_kv(parts, rotate_skill=False))
     last = [composed[-1]]
     figures = {
         "next": top_logprob_gap(logits_after(model, ref, last), session.next_token_logits()),
@@ -232,7 +270,7 @@ def test_compose_kv_is_the_definition_and_downstream_moves_as_a_splice(
         seam,
         (n - seam) + (len(tokens) - at),
     )
-    ref = reference_kv(name, engine.model, tokens, skill_tokens, at, seam)
+    ref = reference_kv(compose_parts(name, engine.model, tokens, skill_tokens, at, seam))
     slot, _ = ROPE_BAND[name]
     splice = SessionCache(engine)
     splice.prefill(tokens)
@@ -289,19 +327,16 @@ def _unchanged(session: SessionCache, tokens: tuple[int, ...], revision: int, kv
     assert kv_bitwise_equal(session.kv, kv)
 
 
-@pytest.fixture(scope="module")
-def mla() -> Engine:
-    return Engine(build_tiny_mla("v2"))
-
-
 def _session(engine: Engine, n: int = 40) -> SessionCache:
     session = SessionCache(engine)
     session.prefill(random_tokens(n, engine.vocab_size, 11))
     return session
 
 
-def _skill(engine: Engine, skill_id: str = "s", tenant: str = "t", seed: int = 12) -> Skill:
-    tokens = random_tokens(16, engine.vocab_size, seed)
+def _skill(
+    engine: Engine, skill_id: str = "s", tenant: str = "t", seed: int = 12, length: int = 16
+) -> Skill:
+    tokens = random_tokens(length, engine.vocab_size, seed)
     return compile_skill(engine, tokens, skill_id=skill_id, tenant=tenant)
 
 

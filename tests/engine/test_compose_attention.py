@@ -19,33 +19,29 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
-from leyline.core.batch import plan_batch
 from leyline.engine.attention_mass import AttentionMass
 from leyline.engine.edits.attention_recompute import ATTENTION_WINDOW, following_tokens
 from leyline.engine.edits.compose import supports_attention_recompute
 from leyline.engine.edits.skills import compile_skill
 from leyline.engine.engine import Engine
-from leyline.engine.forward import prefill_at
 from leyline.engine.kv.kv_blocks import KVCache
-from leyline.engine.models import build_tiny_mla
 from leyline.engine.session import SessionCache
-from leyline.protocol import ComposeDirective, SpliceDirective, TokenSpan
-from leyline.protocol.algebra import Edit
-from leyline.protocol.directives import RecomputeAttention, RecomputeMode, Verb
+from leyline.protocol.directives import RecomputeAttention
 from leyline.protocol.envelope import Path
 from leyline.protocol.errors import ErrorCode, LeylineError
 
 from ._helpers import kv_bitwise_equal, random_tokens, snapshot, tiny_llama
 from .test_compose import (
-    ROPE_BAND,
     TOL,
-    _rotate,
+    ComposeParts,
+    _session,
+    _skill,
     _texts,
-    _theta,
     _unchanged,
+    compose_parts,
     top_logprob_gap,
 )
-from .test_compose_recompute import _count, check_against, recompute_in_order, with_downstream
+from .test_compose_recompute import _count, check_against, check_beside_a_splice, recompute_ranked
 
 
 def attention(ratio: float) -> RecomputeAttention:
@@ -79,38 +75,14 @@ def eager_scores(
 
 @torch.no_grad()
 def reference(
-    name: str,
-    model: PreTrainedModel,
-    tokens: Sequence[int],
-    skill: Sequence[int],
-    at: int,
-    seam: int,
-    ratio: float,
-    following: Sequence[int],
-    *,
-    lowest: bool = False,
+    parts: ComposeParts, ratio: float, following: Sequence[int], *, lowest: bool = False
 ) -> tuple[KVCache, list[int]]:
     """The definition's KV of ``tokens[:at] + skill + tokens[at:]`` and the recomputed
     positions, ranked by ``following``; ``lowest``: the control recomputing the least read."""
-    slot, pairing = ROPE_BAND[name]
-    theta, k, n = _theta(model), min(seam, len(skill)), len(skill)
-    a, b = at + k, at + n
-    head = prefill_at(model, list(tokens[:at]) + list(skill[:k]), 0)
-    alone = prefill_at(model, list(skill), 0)
-    old = prefill_at(model, list(tokens), 0)
-    cache = [
-        [
-            torch.cat([head[i][c], _rotate(alone[i][c][..., k:, :], at, theta, pairing)
-                       if c == slot else alone[i][c][..., k:, :]], dim=-2).clone()
-            for c in range(2)
-        ]
-        for i in range(len(head))
-    ]  # fmt: skip
-    scores = eager_scores(model, cache, following, a, b)
-    order = sorted(range(b - a), key=lambda j: (float(scores[j]), -j), reverse=not lowest)
-    chosen = sorted(a + j for j in order[: _count(ratio, b - a)])
-    recompute_in_order(model, cache, list(tokens[:at]) + list(skill), chosen)
-    return with_downstream(name, model, cache, old, at, n), chosen
+    cache = parts.block()
+    a, b = parts.at + parts.seam, parts.at + len(parts.skill)
+    scores = eager_scores(parts.model, cache, following, a, b)
+    return recompute_ranked(parts, cache, scores, ratio, lowest=lowest)
 
 
 # -- (a) the engine equals the definition; the control is far off --------------------------
@@ -138,9 +110,10 @@ def test_attention_compose_equals_the_definition(
     assert report.path is Path.splice and report.prefilled_tokens == seam + count
 
     model = engine.model
-    ref, chosen = reference(name, model, tokens, skill_tokens, at, seam, ratio, following)
+    parts = compose_parts(name, model, tokens, skill_tokens, at, seam)
+    ref, chosen = reference(parts, ratio, following)
     assert 1 < len(chosen) < len(skill_tokens) - seam  # a real choice, not all or none
-    wrong, _ = reference(name, model, tokens, skill_tokens, at, seam, ratio, following, lowest=True)
+    wrong, _ = reference(parts, ratio, following, lowest=True)
     # Recomputing the least-read tokens instead is far from it: the ranking matters.
     check_against(session, model, ref, wrong, suffix)
 
@@ -176,17 +149,8 @@ def test_following_tokens_come_from_the_request_when_it_extends_the_revision() -
     assert following_tokens(revision, 30, long) == tuple(range(1000, 1000 + ATTENTION_WINDOW))
 
 
-@pytest.fixture(scope="module")
-def mla() -> Engine:
-    return Engine(build_tiny_mla("v2"))
-
-
 def test_nothing_after_the_block_recomputes_only_the_seam(mla: Engine) -> None:
-    tokens = random_tokens(40, mla.vocab_size, 11)
-    skill = compile_skill(mla, random_tokens(20, mla.vocab_size, 12), skill_id="s", tenant="t")
-    ranked, plain = SessionCache(mla), SessionCache(mla)
-    for session in (ranked, plain):
-        session.prefill(tokens)
+    ranked, plain, skill = _session(mla), _session(mla), _skill(mla, length=20)
     report = ranked.compose(skill, 40, seam_tokens=3, recompute=attention(0.5))
     plain.compose(skill, 40, seam_tokens=3)
     assert report.prefilled_tokens == 3 and report.reused_tokens == 40 + 17
@@ -213,38 +177,14 @@ def test_the_question_changes_what_is_recomputed(mla: Engine) -> None:
 
 
 def test_an_attention_compose_beside_a_splice_equals_the_two_in_turn(mla: Engine) -> None:
-    tokens = random_tokens(40, mla.vocab_size, 11)
-    skill = compile_skill(mla, random_tokens(20, mla.vocab_size, 12), skill_id="s", tenant="t")
-    batched, sequential = SessionCache(mla), SessionCache(mla)
-    for session in (batched, sequential):
-        session.prefill(tokens)
-    replacement = random_tokens(5, mla.vocab_size, 5)
-    directives = [
-        SpliceDirective(span=TokenSpan(start=4, end=12), replacement=replacement),
-        ComposeDirective(skill="s", at=30, seam_tokens=2, recompute=attention(0.4)),
-    ]
-    plan = plan_batch(
-        batched.view, directives, tokenize=mla.encode, limits=mla.limits,
-        vocab_size=mla.vocab_size, supported=list(Verb), skill_tokens=lambda _: skill.tokens,
-        recompute_modes=set(RecomputeMode),
-    )  # fmt: skip
     question = random_tokens(6, mla.vocab_size, 9)
-    final = [*plan.result.tokens, *question]
-    report = batched.execute(plan, skills={1: skill}, final_tokens=final)
-    assert report.prefilled_tokens == len(replacement) + 2 + _count(0.4, 18)
-    sequential.apply_edits([Edit(4, 12, tuple(replacement))])
-    at = 30 - 8 + len(replacement)
-    sequential.compose(skill, at, seam_tokens=2, recompute=attention(0.4), final_tokens=final)
-    assert batched.tokens == sequential.tokens
-    assert top_logprob_gap(sequential.next_token_logits(), batched.next_token_logits()) <= TOL
+    check_beside_a_splice(mla, attention(0.4), {"recompute": attention(0.4)}, question)
 
 
 def test_a_failed_attention_compose_leaves_the_session_as_it_was(
     mla: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    session = SessionCache(mla)
-    session.prefill(random_tokens(40, mla.vocab_size, 11))
-    skill = compile_skill(mla, random_tokens(16, mla.vocab_size, 12), skill_id="s", tenant="t")
+    session, skill = _session(mla), _skill(mla)
     before = (session.tokens, session.revision, snapshot(session.kv))
     final = [*session.tokens[:10], *skill.tokens, *session.tokens[10:]]
 

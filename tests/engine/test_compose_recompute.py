@@ -17,33 +17,41 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from leyline.core.batch import plan_batch
 from leyline.engine.edits.recompute import SELECTION_LAYER as ENGINE_DEFAULT
 from leyline.engine.edits.recompute import DeviationRecompute, selection_layer
 from leyline.engine.edits.skills import compile_skill
 from leyline.engine.engine import Engine
 from leyline.engine.forward import prefill_at
 from leyline.engine.kv.kv_blocks import KVCache
-from leyline.engine.models import build_tiny_mla
 from leyline.engine.session import SessionCache
+from leyline.protocol import ComposeDirective, SpliceDirective, TokenSpan
 from leyline.protocol.algebra import Edit
-from leyline.protocol.directives import Verb
+from leyline.protocol.directives import (
+    RecomputeAttention,
+    RecomputeDeviation,
+    RecomputeMode,
+    Verb,
+)
 from leyline.protocol.envelope import Path
 from leyline.protocol.errors import ErrorCode, LeylineError
 
 from ._helpers import random_tokens, rel_err, snapshot
 from .test_compose import (
-    ROPE_BAND,
     TOL,
+    ComposeParts,
     _drop_last,
-    _rotate,
+    _session,
+    _skill,
     _texts,
-    _theta,
     _unchanged,
+    compose_parts,
     logits_after,
     top_logprob_gap,
 )
@@ -65,50 +73,52 @@ def _per_token(t: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def reference(
-    name: str,
-    model: PreTrainedModel,
-    tokens: Sequence[int],
-    skill: Sequence[int],
-    at: int,
-    seam: int,
-    ratio: float,
-    *,
-    lowest: bool = False,
-    layer: int = SELECTION_LAYER,
+    parts: ComposeParts, ratio: float, *, lowest: bool = False, layer: int = SELECTION_LAYER
 ) -> tuple[KVCache, list[int]]:
     """The definition's KV of ``tokens[:at] + skill + tokens[at:]`` and the recomputed
     positions; ``lowest``: the control that recomputes the least deviating tokens."""
-    slot, pairing = ROPE_BAND[name]
-    theta, k, n = _theta(model), min(seam, len(skill)), len(skill)
-    a, b = at + k, at + n
-    layers = model.config.num_hidden_layers
+    at = parts.at
+    a, b = at + parts.seam, at + len(parts.skill)
+    layers = parts.model.config.num_hidden_layers
     s = max(min(layer, layers - 2), 1)  # below the last layer, above layer 0
-    inside = prefill_at(model, list(tokens[:at]) + list(skill), 0)  # in context, every layer
-    alone = prefill_at(model, list(skill), 0)
-    old = prefill_at(model, list(tokens), 0)
-
-    def copied(layer: int, c: int) -> torch.Tensor:
-        y = alone[layer][c][..., k:, :]
-        return _rotate(y, at, theta, pairing) if c == slot else y
-
+    # In context, every layer:
+    inside = prefill_at(parts.model, [*parts.tokens[:at], *parts.skill], 0)
     deviation = sum(
-        _per_token(inside[s][c][..., a:b, :] - copied(s, c)) / _per_token(copied(s, c)).mean()
+        _per_token(inside[s][c][..., a:b, :] - parts.copied(s, c))
+        / _per_token(parts.copied(s, c)).mean()
         for c in range(2)
     )
     assert isinstance(deviation, torch.Tensor)
-    order = sorted(range(b - a), key=lambda j: (float(deviation[j]), -j), reverse=not lowest)
-    chosen = sorted(a + j for j in order[: _count(ratio, b - a)])
     # The cache before the recompute: exact up to a; the block in context at layers <= s.
     cache = [
         [
             torch.cat([inside[i][c][..., :a, :], (inside[i][c][..., a:b, :] if i <= s
-                       else copied(i, c))], dim=-2).clone()
+                       else parts.copied(i, c))], dim=-2).clone()
             for c in range(2)
         ]
         for i in range(layers)
     ]  # fmt: skip
-    recompute_in_order(model, cache, list(tokens[:at]) + list(skill), chosen)
-    return with_downstream(name, model, cache, old, at, n), chosen
+    return recompute_ranked(parts, cache, deviation, ratio, lowest=lowest)
+
+
+@torch.no_grad()
+def recompute_ranked(
+    parts: ComposeParts,
+    cache: list[list[torch.Tensor]],
+    scores: torch.Tensor,
+    ratio: float,
+    *,
+    lowest: bool = False,
+) -> tuple[KVCache, list[int]]:
+    """Recompute in ``cache`` (up to the block's end) the ``ratio`` of the block's copied
+    tokens that ``scores`` ranks highest (ties: the earlier first; ``lowest``: those it ranks
+    lowest), then add the downstream: the definition's KV and the positions recomputed."""
+    a, b = parts.at + parts.seam, parts.at + len(parts.skill)
+    order = sorted(range(b - a), key=lambda j: (float(scores[j]), -j), reverse=not lowest)
+    chosen = sorted(a + j for j in order[: _count(ratio, b - a)])
+    sequence = [*parts.tokens[: parts.at], *parts.skill]
+    recompute_in_order(parts.model, cache, sequence, chosen)
+    return parts.with_downstream(cache), chosen
 
 
 @torch.no_grad()
@@ -131,30 +141,6 @@ def recompute_in_order(
             assert layer.keys is not None and layer.values is not None
             cache[i][0][..., p, :] = layer.keys[..., p, :]
             cache[i][1][..., p, :] = layer.values[..., p, :]
-
-
-def with_downstream(
-    name: str,
-    model: PreTrainedModel,
-    cache: list[list[torch.Tensor]],
-    old: KVCache,
-    at: int,
-    n: int,
-) -> KVCache:
-    """``cache`` (the sequence up to the block's end) followed by the session's KV from
-    ``at`` on (``old``), its keys rotated by the block's length ``n`` (AMORTIZE)."""
-    slot, pairing = ROPE_BAND[name]
-    theta = _theta(model)
-    out = []
-    for i, slots in enumerate(cache):
-        parts = []
-        for c in range(2):
-            down = old[i][c][..., at:, :]
-            if c == slot:
-                down = _rotate(down, n, theta, pairing)
-            parts.append(torch.cat([slots[c], down], dim=-2))
-        out.append(tuple(parts))
-    return tuple(out)
 
 
 def check_against(
@@ -219,9 +205,10 @@ def test_deviation_compose_equals_the_definition(
     finally:
         engine.recompute_selection_layer = default
     model = engine.model
-    ref, chosen = reference(name, model, tokens, skill, at, seam, ratio, layer=layer)
+    parts = compose_parts(name, model, tokens, skill, at, seam)
+    ref, chosen = reference(parts, ratio, layer=layer)
     assert 1 < len(chosen) < len(skill) - seam
-    wrong, _ = reference(name, model, tokens, skill, at, seam, ratio, lowest=True, layer=layer)
+    wrong, _ = reference(parts, ratio, lowest=True, layer=layer)
     # Recomputing the least deviating tokens instead is far from it: the selection matters.
     check_against(session, model, ref, wrong, suffix)
 
@@ -245,47 +232,45 @@ def test_ratio_one_equals_a_full_prefill(case: tuple[str, Engine]) -> None:
 # -- (b) the batch path, and failures change nothing ---------------------------------------
 
 
-@pytest.fixture(scope="module")
-def mla() -> Engine:
-    return Engine(build_tiny_mla("v2"))
+def check_beside_a_splice(
+    engine: Engine,
+    recompute: RecomputeDeviation | RecomputeAttention,
+    in_turn: dict[str, Any],
+    question: Sequence[int] | None = None,
+) -> None:
+    """A compose with ``recompute`` batched after a splice equals the splice, then a compose
+    called with the arguments ``in_turn`` (its recompute as the caller words it).
+    ``question``: what the turn asks after the batch's tokens (``final_tokens``), for both."""
+    batched, sequential, skill = _session(engine), _session(engine), _skill(engine, length=20)
+    replacement = random_tokens(5, engine.vocab_size, 5)
+    directives = [
+        SpliceDirective(span=TokenSpan(start=4, end=12), replacement=replacement),
+        ComposeDirective(skill="s", at=30, seam_tokens=2, recompute=recompute),
+    ]
+    plan = plan_batch(
+        batched.view, directives, tokenize=engine.encode, limits=engine.limits,
+        vocab_size=engine.vocab_size, supported=list(Verb), skill_tokens=lambda _: skill.tokens,
+        recompute_modes=set(RecomputeMode),
+    )  # fmt: skip
+    final = None if question is None else [*plan.result.tokens, *question]
+    report = batched.execute(plan, skills={1: skill}, final_tokens=final)
+    assert report.prefilled_tokens == len(replacement) + 2 + _count(recompute.ratio, 18)
+    sequential.apply_edits([Edit(4, 12, tuple(replacement))])
+    at = 30 - 8 + len(replacement)
+    sequential.compose(skill, at, seam_tokens=2, final_tokens=final, **in_turn)
+    assert batched.tokens == sequential.tokens
+    assert top_logprob_gap(sequential.next_token_logits(), batched.next_token_logits()) <= TOL
 
 
 def test_a_deviation_compose_beside_a_splice_equals_the_two_in_turn(mla: Engine) -> None:
-    from leyline.core.batch import plan_batch
-    from leyline.protocol import ComposeDirective, SpliceDirective, TokenSpan
-    from leyline.protocol.directives import RecomputeDeviation, RecomputeMode
-
-    tokens = random_tokens(40, mla.vocab_size, 11)
-    skill = compile_skill(mla, random_tokens(20, mla.vocab_size, 12), skill_id="s", tenant="t")
-    batched, sequential = SessionCache(mla), SessionCache(mla)
-    for session in (batched, sequential):
-        session.prefill(tokens)
-    replacement = random_tokens(5, mla.vocab_size, 5)
-    directives = [
-        SpliceDirective(span=TokenSpan(start=4, end=12), replacement=replacement),
-        ComposeDirective(skill="s", at=30, seam_tokens=2,
-                         recompute=RecomputeDeviation(mode="deviation", ratio=0.4)),
-    ]  # fmt: skip
-    plan = plan_batch(
-        batched.view, directives, tokenize=mla.encode, limits=mla.limits,
-        vocab_size=mla.vocab_size, supported=list(Verb), skill_tokens=lambda _: skill.tokens,
-        recompute_modes=set(RecomputeMode),
-    )  # fmt: skip
-    report = batched.execute(plan, skills={1: skill})
-    count = _count(0.4, 18)
-    assert report.prefilled_tokens == len(replacement) + 2 + count
-    sequential.apply_edits([Edit(4, 12, tuple(replacement))])
-    sequential.compose(skill, 30 - 8 + len(replacement), seam_tokens=2, recompute_ratio=0.4)
-    assert batched.tokens == sequential.tokens
-    assert top_logprob_gap(sequential.next_token_logits(), batched.next_token_logits()) <= TOL
+    deviation = RecomputeDeviation(mode="deviation", ratio=0.4)
+    check_beside_a_splice(mla, deviation, {"recompute_ratio": 0.4})
 
 
 def test_a_failed_deviation_compose_leaves_the_session_as_it_was(
     mla: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    session = SessionCache(mla)
-    session.prefill(random_tokens(40, mla.vocab_size, 11))
-    skill = compile_skill(mla, random_tokens(16, mla.vocab_size, 12), skill_id="s", tenant="t")
+    session, skill = _session(mla), _skill(mla)
     before = (session.tokens, session.revision, snapshot(session.kv))
     for ratio in (0.0, 1.5, float("nan")):
         with pytest.raises(LeylineError) as err:

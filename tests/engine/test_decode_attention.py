@@ -16,6 +16,8 @@ from leyline.engine.decode_attention import (
     takes_single_query,
 )
 
+from ._kernels import benchmark_lines
+
 
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "value_dim", "n"),
@@ -65,9 +67,7 @@ def test_the_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     asserted)."""
     from leyline.evals.bench_decode_attention import main
 
-    argv = ["--quick", "--dtypes", "float32", "bfloat16", "--in-model", "400", "--model-runs", "1"]
-    assert main(argv) == 0
-    out = capsys.readouterr().out.splitlines()
+    out = benchmark_lines(main, capsys)
     assert len([line for line in out if line.startswith(("float32", "bfloat16"))]) == 2
     arms = [line.split()[0] for line in out if " ms " in line and "ratio" in line]
     assert arms == ["splice_logits", "delete_logits", "decode_step"] * 2  # one set per dtype

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from leyline.engine.cpu import kernel_build, linear_kernel
@@ -26,10 +25,9 @@ from leyline.engine.cpu.packed_linear import (
 from leyline.engine.cpu.switches import OVERRIDES
 
 from ._helpers import rel_err, tiny_llama
+from ._kernels import exact_linear, needs_onednn
 
-pytestmark = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
-)
+pytestmark = needs_onednn
 AVX512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
 AMX_BF16 = "amx_bf16" in kernel_build.cpu_flags()
 
@@ -61,11 +59,6 @@ def kernel() -> LinearKernel:
 def _linear(out_features: int, in_features: int, bias: bool, dtype: torch.dtype) -> nn.Linear:
     torch.manual_seed(out_features * 7 + in_features)
     return nn.Linear(in_features, out_features, bias=bias).eval().to(dtype)
-
-
-def _exact(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    b = None if linear.bias is None else linear.bias.double()
-    return F.linear(x.double(), linear.weight.double(), b)
 
 
 def _packed(weight: torch.Tensor) -> torch.Tensor:
@@ -119,7 +112,7 @@ def test_fp32_products_are_as_close_to_fp64_as_torchs(
     x = torch.randn(1, rows, in_features)
     with torch.no_grad():
         got, plain = direct(x), linear(x)
-        exact = _exact(x, linear)
+        exact = exact_linear(x, linear)
     assert got.shape == plain.shape and got.dtype == torch.float32
     err = float((got.double() - exact).abs().max() / exact.abs().max())
     plain_err = float((plain.double() - exact).abs().max() / exact.abs().max())
@@ -147,7 +140,7 @@ def test_bf16_products_are_one_rounding_of_the_exact_one(
     x = torch.randn(rows, in_features).to(torch.bfloat16)
     got = direct(x)
     with torch.no_grad():
-        exact = _exact(x, linear)
+        exact = exact_linear(x, linear)
     # fp32 sums, then one round to nearest bf16: within half a bf16 step of each entry
     # (8 significant bits: at most 2^-8 relative), plus the fp32 summation's error on
     # entries that nearly cancel.
@@ -274,7 +267,7 @@ def test_non_finite_inputs_give_what_the_exact_product_gives(
     x[1, 5], x[2, 9] = float("nan"), float("inf")
     got = direct(x).double()
     with torch.no_grad():
-        exact = _exact(x, linear)
+        exact = exact_linear(x, linear)
     assert torch.equal(got.isnan(), exact.isnan()) and bool(got[1].isnan().all())
     assert torch.equal(got.isinf(), exact.isinf()) and bool(got[2].isfinite().sum() == 0)
     finite = exact.isfinite()

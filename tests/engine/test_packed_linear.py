@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from leyline.engine.cpu import linear_kernel
@@ -19,10 +18,9 @@ from leyline.engine.cpu.switches import OVERRIDES
 from leyline.engine.engine import Engine
 
 from ._helpers import rel_err, tiny_llama
+from ._kernels import exact_linear, needs_onednn
 
-pytestmark = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
-)
+pytestmark = needs_onednn
 
 
 def _linear(out_features: int, in_features: int, bias: bool, seed: int) -> nn.Linear:
@@ -33,8 +31,7 @@ def _linear(out_features: int, in_features: int, bias: bool, seed: int) -> nn.Li
 @torch.no_grad()
 def _max_err(got: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> float:
     """Largest error against the fp64 product, relative to the output's largest entry."""
-    b = None if linear.bias is None else linear.bias.double()
-    exact = F.linear(x.double(), linear.weight.double(), b)
+    exact = exact_linear(x, linear)
     return float((got.double() - exact).abs().max() / exact.abs().max())
 
 

@@ -17,6 +17,8 @@ from leyline.engine.session import SessionCache
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 
+from ._kernels import benchmark_lines, portable_attention_kernel
+
 Segment = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]
 
 
@@ -160,16 +162,7 @@ def test_bf16_runs_score_on_the_tile_unit_where_the_cpu_has_it(kernel: Attention
 def test_the_portable_build_agrees(kernel: AttentionKernel) -> None:
     """The same source without the x86 vector flags (the code other CPUs run) gives the
     same answer, and does not claim the vectorised path."""
-
-    def flags(openmp: bool) -> list[str]:
-        vector = ("-mavx", "-mfma", "-mprefer-vector-width")
-        return [f for f in attention_kernel._flags(openmp) if not f.startswith(vector)]
-
-    portable, status = kernel_build.load_kernel(
-        "attention_kernel_portable", "attention_kernel.c", flags, AttentionKernel
-    )
-    if portable is None:
-        pytest.skip(f"portable build unavailable: {status.detail}")
+    portable = portable_attention_kernel()
     assert not portable.runs_vectorised
     q, k, v = _segment(9, 3, 16, 64, 64, 400, torch.float32, 4)
     causal = [400 - 16 + 1 + j for j in range(16)]
@@ -285,9 +278,7 @@ def test_the_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     asserted)."""
     from leyline.evals.bench_run_attention import main
 
-    argv = ["--quick", "--dtypes", "float32", "bfloat16", "--in-model", "400", "--model-runs", "1"]
-    assert main(argv) == 0
-    out = capsys.readouterr().out.splitlines()
+    out = benchmark_lines(main, capsys)
     rows = [line for line in out if line.startswith(("float32", "bfloat16"))]
     assert len(rows) == 4  # a shape and an engine line per dtype
     assert all("x" in line for line in rows)

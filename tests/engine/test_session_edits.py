@@ -37,25 +37,18 @@ def test_splicing_a_span_with_itself_reproduces_full_context_logits(llama_engine
     assert rel_err(session.next_token_logits(), _fresh(llama_engine, tokens)[1]) <= 1e-5
 
 
-def test_splice_keeps_downstream_values_bitwise_and_rotates_keys(mla_engine: Engine) -> None:
-    """MLA: the latent (slot 0) of moved tokens is bitwise unchanged; the rope band moves."""
-    _check_downstream(mla_engine)
-
-
-def test_splice_keeps_downstream_values_bitwise_gqa(llama_engine: Engine) -> None:
-    _check_downstream(llama_engine)
-
-
-def _check_downstream(engine: Engine) -> None:
-    session, tokens = _session(engine, seed=3)
+def test_splice_keeps_downstream_values_bitwise_and_rotates_keys(tiny_engine: Engine) -> None:
+    """The slot off the rope band (GQA: values; MLA: the latent) of moved tokens is bitwise
+    unchanged; the rope band moves."""
+    session, tokens = _session(tiny_engine, seed=3)
     old = snapshot(session.kv)
-    stub = tuple(random_tokens(25, engine.vocab_size, seed=4))  # 20-token span -> 25: delta +5
+    stub = tuple(random_tokens(25, tiny_engine.vocab_size, seed=4))  # 20-token span -> 25: delta +5
     session.apply_edits([Edit(10, 30, stub, Mode.amortize)])
-    layout = engine.layout
+    layout = tiny_engine.layout
     assert layout is not None
     # Recomputed reference: the OLD sequence prefilled at positions shifted by delta gives
     # the downstream keys the old context produces at their new positions.
-    shifted = prefill_at(engine.model, tokens, 5)
+    shifted = prefill_at(tiny_engine.model, tokens, 5)
     for (k_new, v_new), old_layer, ref_layer in zip(session.kv, old, shifted, strict=True):
         new_layer = (k_new, v_new)
         for slot in range(2):
@@ -71,20 +64,12 @@ def _check_downstream(engine: Engine) -> None:
         )
 
 
-def test_forget_equals_a_fresh_prefill_of_the_edited_text(mla_engine: Engine) -> None:
-    _check_forget(mla_engine)
-
-
-def test_forget_equals_a_fresh_prefill_gqa(llama_engine: Engine) -> None:
-    _check_forget(llama_engine)
-
-
-def _check_forget(engine: Engine) -> None:
-    session, tokens = _session(engine, seed=5)
+def test_forget_equals_a_fresh_prefill_of_the_edited_text(tiny_engine: Engine) -> None:
+    session, tokens = _session(tiny_engine, seed=5)
     stub = (7, 8, 9)
     report = session.apply_edits([Edit(20, 45, stub, Mode.forget)])
     assert report.path is Path.reprefill and report.rotated_tokens == 0
-    fresh_kv, fresh_logits = _fresh(engine, tokens[:20] + list(stub) + tokens[45:])
+    fresh_kv, fresh_logits = _fresh(tiny_engine, tokens[:20] + list(stub) + tokens[45:])
     assert rel_err(session.next_token_logits(), fresh_logits) <= 1e-5
     for got, want in zip(session.kv, fresh_kv, strict=True):
         for slot in range(2):

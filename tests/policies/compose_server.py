@@ -41,12 +41,12 @@ from leyline.protocol import (
     RecomputeMode,
     Verb,
     apply_edits,
-    replacement_spans,
     resolve_batch,
 )
 from leyline.protocol.client import AsyncLeylineClient, LeylineClient
 from leyline.protocol.resources import SkillCreate, SkillInfo, skill_content_hash
 
+from ..protocol.composed_blocks import composed_blocks
 from .sse import sse
 from .toy_chat import END, ROLE, SEP, render, tokenize
 
@@ -256,14 +256,7 @@ class ComposeServer:
         if prompt[: len(edited)] != edited:
             self.mismatches.append(f"chat {len(self.chats)}: the prompt does not extend the edit")
             return 0, Path.reprefill, []
-        placed = replacement_spans(len(session.tokens), batch.edits)
-        where = {e.index: placed[k] for k, e in enumerate(batch.edits)}
-        composed = [
-            ComposedBlock(
-                directive=c.index, skill=c.skill, start=where[c.index][0], end=where[c.index][1]
-            )
-            for c in batch.composes
-        ]
+        composed = composed_blocks(len(session.tokens), batch)
         precompiled = sum(c.num_tokens - c.seam_tokens for c in batch.composes)
         return result.reused_tokens + precompiled, Path.splice, composed
 

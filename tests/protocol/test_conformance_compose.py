@@ -10,14 +10,12 @@ import httpx
 import pytest
 
 from leyline.protocol import (
-    ComposedBlock,
     LeylineError,
     LeylineResponse,
     Path,
     RecomputeMode,
     Verb,
     apply_edits,
-    replacement_spans,
     resolve_batch,
 )
 from leyline.protocol.conformance import ConformanceSuite
@@ -31,6 +29,8 @@ from leyline.protocol.resources import (
     SkillList,
     skill_content_hash,
 )
+
+from .composed_blocks import composed_blocks
 
 MODEL = "fake"
 
@@ -145,14 +145,7 @@ class FakeServer:
             recompute_modes=self.executed,
         )
         result = apply_edits(tokens, batch.edits)
-        placed = replacement_spans(len(tokens), batch.edits)
-        at = {edit.index: span for edit, span in zip(batch.edits, placed, strict=True)}
-        composed = [
-            ComposedBlock(
-                directive=c.index, skill=c.skill, start=at[c.index][0], end=at[c.index][1]
-            )
-            for c in batch.composes
-        ]
+        composed = composed_blocks(len(tokens), batch)
         self.sessions[name] = (list(result.tokens), revision + 1)
         reply = LeylineResponse(
             session=name,

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from leyline.protocol.algebra import Edit
+from leyline.protocol.directives import Mode
 from leyline.protocol.resources import Routes
 
 if TYPE_CHECKING:
@@ -59,6 +60,24 @@ def create_session(server: httpx.Client, tokens: Sequence[int]) -> tuple[str, in
     assert reply.status_code == 201, reply.text
     body = reply.json()
     return str(body["session"]), int(body["revision"])
+
+
+def edited_session(
+    server: httpx.Client, tokens: Sequence[int], directives: list[dict[str, Any]]
+) -> tuple[str, int, dict[str, Any]]:
+    """A new session holding ``tokens``, then ``directives`` applied to it (they must be
+    accepted): its id, the revision they addressed, and the reply's body."""
+    session, base = create_session(server, tokens)
+    reply = apply(server, session, base, directives)
+    assert reply.status_code == 200, reply.text
+    return session, base, dict(reply.json())
+
+
+def directive(edit: Edit) -> dict[str, Any]:
+    """``edit`` as the wire's splice or forget directive."""
+    verb = "forget" if edit.mode is Mode.forget else "splice"
+    span = {"start": edit.start, "end": edit.end}
+    return {"verb": verb, "span": span, "replacement": list(edit.replacement)}
 
 
 def session_tokens(server: httpx.Client, session: str) -> tuple[list[int], int]:

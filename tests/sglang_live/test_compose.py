@@ -24,6 +24,7 @@ from ._live import (
     TOLERANCE,
     apply,
     create_session,
+    edited_session,
     generate,
     max_delta,
     prompt_text,
@@ -67,12 +68,9 @@ def test_compose_matches_the_reference_compose_and_stays_private(
     skill_id = f"rules-{uuid.uuid4().hex[:8]}"
     info = _register(server, skill_id, skill)
     assert info["num_tokens"] == len(skill)
-    session, base = create_session(server, tokens)
     at = len(tokens) // 3
     directive = {"verb": "compose", "skill": skill_id, "at": at, "seam_tokens": SEAM}
-    reply = apply(server, session, base, [directive])
-    assert reply.status_code == 200, reply.text
-    body = reply.json()
+    session, _, body = edited_session(server, tokens, [directive])
     assert body["path"] == "splice" and body["fallback_reason"] is None, body
     assert [(b["start"], b["end"]) for b in body["composed"]] == [(at, at + len(skill))]
     assert body["prefilled_tokens"] == SEAM, body  # the seam; the rest reused, rotated
@@ -122,11 +120,8 @@ CLIENTS = 4
 def _compose_client(url: str, tokens: list[int], skill_id: str, at: int) -> dict[str, Any]:
     """One client: a session, a compose, a completion turn on it, then the session deleted."""
     with httpx.Client(base_url=url, timeout=600) as http:
-        session, base = create_session(http, tokens)
         directive = {"verb": "compose", "skill": skill_id, "at": at, "seam_tokens": SEAM}
-        reply = apply(http, session, base, [directive])
-        assert reply.status_code == 200, reply.text
-        body = reply.json()
+        session, _, body = edited_session(http, tokens, [directive])
         new, _ = session_tokens(http, session)
         top, turn = _turn_top(http, session, new)
         assert http.delete(Routes.session.format(session=session)).status_code == 204

@@ -26,6 +26,8 @@ from ._live import (
     Generated,
     apply,
     create_session,
+    directive,
+    edited_session,
     generate,
     max_delta,
     prompt_text,
@@ -61,14 +63,10 @@ class Spliced:
 def _splice(server: httpx.Client, reference: Engine, tag: str, replacement_text: str) -> Spliced:
     """Splice the middle of a fresh session on the server, then generate after it."""
     tokens = list(reference.encode(prompt_text(tag)))
-    session, base = create_session(server, tokens)
     start = len(tokens) // 3
     replacement = list(reference.encode(replacement_text)) if replacement_text else []
     edit = Edit(start, start + CUT, tuple(replacement))
-    directive = {"verb": "splice", "span": {"start": edit.start, "end": edit.end}}
-    reply = apply(server, session, base, [directive | {"replacement": replacement}])
-    assert reply.status_code == 200, reply.text
-    body = reply.json()
+    session, base, body = edited_session(server, tokens, [directive(edit)])
     assert body["path"] == "splice" and body["fallback_reason"] is None, body
     assert body["rotated_tokens"] > 0, body
     new, revision = session_tokens(server, session)
@@ -114,11 +112,9 @@ def test_tokens_appended_after_a_splice_see_its_last_token_recomputed(
     from leyline.engine.session import SessionCache
 
     tokens = list(reference.encode(prompt_text("splice-append")))
-    session, base = create_session(server, tokens)
     edit = Edit(len(tokens) // 3, len(tokens) // 3 + CUT, ())
-    cut = {"verb": "splice", "span": {"start": edit.start, "end": edit.end}, "replacement": []}
-    reply = apply(server, session, base, [cut])
-    assert reply.status_code == 200 and reply.json()["path"] == "splice", reply.text
+    session, _, body = edited_session(server, tokens, [directive(edit)])
+    assert body["path"] == "splice", body
     new, _ = session_tokens(server, session)
     more = new + list(reference.encode(" Answer in one word:"))
     got = session_generate(server, session, more)
@@ -136,12 +132,9 @@ def test_forget_matches_fresh_prefill(
     server: httpx.Client, reference: Engine, report_path: Path | None
 ) -> None:
     tokens = list(reference.encode(prompt_text("forget")))
-    session, base = create_session(server, tokens)
     start, end = len(tokens) // 3, len(tokens) // 3 + CUT
     forget = {"verb": "forget", "span": {"start": start, "end": end}}
-    reply = apply(server, session, base, [forget])
-    assert reply.status_code == 200, reply.text
-    body = reply.json()
+    session, _, body = edited_session(server, tokens, [forget])
     assert body["path"] == "reprefill" and body["reused_tokens"] <= start, body
     new, _ = session_tokens(server, session)
     assert new == tokens[:start] + tokens[end:]

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from ._live import (
-    apply,
-    create_session,
+    edited_session,
     floor_page,
     generate_ids,
     page_size,
@@ -32,11 +31,9 @@ CUT = 40
 
 
 def _forget(server: httpx.Client, tokens: list[int], start: int) -> None:
-    session, base = create_session(server, tokens)
     forget = {"verb": "forget", "span": {"start": start, "end": start + CUT}}
-    reply = apply(server, session, base, [forget])
-    assert reply.status_code == 200, reply.text
-    assert reply.json()["path"] == "reprefill", reply.text
+    session, _, body = edited_session(server, tokens, [forget])
+    assert body["path"] == "reprefill", body
     assert session_tokens(server, session)[0] == tokens[:start] + tokens[start + CUT :]
 
 

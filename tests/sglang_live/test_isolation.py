@@ -23,8 +23,8 @@ from leyline.protocol.directives import Mode
 
 from ._live import (
     TOLERANCE,
-    apply,
-    create_session,
+    directive,
+    edited_session,
     generate,
     max_delta,
     prompt_text,
@@ -43,17 +43,9 @@ STUB = " [tool output removed]"
 SHARED_SPLICE_FLAG = "LEYLINE_LIVE_SHARED_SPLICE_FLAG"
 
 
-def _directive(edit: Edit) -> dict[str, Any]:
-    verb = "forget" if edit.mode is Mode.forget else "splice"
-    span = {"start": edit.start, "end": edit.end}
-    return {"verb": verb, "span": span, "replacement": list(edit.replacement)}
-
-
 def _edited(server: httpx.Client, tokens: list[int], edits: list[Edit]) -> dict[str, Any]:
-    session, base = create_session(server, tokens)
-    reply = apply(server, session, base, [_directive(e) for e in edits])
-    assert reply.status_code == 200, reply.text
-    return {"session": session, **reply.json()}
+    session, _, body = edited_session(server, tokens, [directive(e) for e in edits])
+    return {"session": session, **body}
 
 
 def _scenario(reference: Engine, tag: str) -> tuple[list[int], Edit, list[int]]:

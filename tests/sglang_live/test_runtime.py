@@ -11,7 +11,7 @@ import httpx
 
 from leyline.protocol.envelope import LeylineResponse
 
-from ._live import apply, create_session, generate_ids, session_tokens
+from ._live import apply, edited_session, generate_ids, session_tokens
 
 
 def test_splice_and_forget_are_answered_as_the_runtime_allows(server: httpx.Client) -> None:
@@ -19,11 +19,9 @@ def test_splice_and_forget_are_answered_as_the_runtime_allows(server: httpx.Clie
     assert info.status_code == 200, info.text
     tree = not info.json()["disable_radix_cache"]
     tokens = [random.randrange(1000, 20000) for _ in range(100)]  # a path of its own
-    session, revision = create_session(server, tokens)
     cut = {"verb": "splice", "span": {"start": 10, "end": 20}}
-    reply = apply(server, session, revision, [cut])
-    assert reply.status_code == 200, reply.text
-    body = LeylineResponse.model_validate(reply.json())
+    session, _, reply_body = edited_session(server, tokens, [cut])
+    body = LeylineResponse.model_validate(reply_body)
     if tree:
         assert body.path.value == "splice", body
     else:
