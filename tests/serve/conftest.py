@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,8 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-# The robustness eval starts `leyline serve` the same way: one port picker, one health wait.
-from leyline.evals.robustness.server import _free_port, _wait
+from leyline.evals.serve_process import serve_process
 
 API_KEY = "test-key"
 MAX_DIRECTIVES = 8
@@ -40,26 +37,8 @@ def serve(log: Path, *options: str, env: dict[str, str] | None = None) -> Iterat
     """``leyline serve`` with ``options`` (and ``env`` on top of ours) on a free port, its
     output in ``log``; stopped on exit. Raises if it exits or does not answer ``/health``
     within 5 minutes."""
-    port = _free_port()
-    command = [sys.executable, "-m", "leyline.cli.main", "serve", "--port", str(port)]
-    command += ["--api-key", API_KEY, *options]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            command,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait(process, base, log)
-        yield Server(base, process)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    with serve_process(log, ["--api-key", API_KEY, *options], env=env, stop_timeout_s=20) as p:
+        yield Server(p.base_url, p.process)
 
 
 def _test_server(

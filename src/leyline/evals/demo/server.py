@@ -6,7 +6,6 @@ cannot tell it from a `leyline serve` started elsewhere.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from typing import Any
@@ -14,14 +13,9 @@ from typing import Any
 import uvicorn
 
 from leyline.engine.work_estimates import SchedulePolicy
+from leyline.evals.serve_process import free_port
 from leyline.serve.serve import build_app
 from leyline.serve.settings import ServerSettings
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class EmbeddedServer:
