@@ -1,7 +1,12 @@
 """The vLLM backend (issue 47; docs/vllm-design.md): Leyline directives executed through
 vLLM's own extension points (a KV connector, endpoint and general plugins).
 
-Built so far, the pieces the connector's load path stands on:
+Built so far, the KV connector and what it stands on (the backend and the endpoint
+plugin that send it orders are not built yet):
+
+* ``connector``: ``LeylineConnector`` (vLLM's ``KVConnectorBase_V1``), delegating to
+  ``scheduler_side`` (pins, loads planned, purges, answers) and ``worker_side`` (rows
+  gathered, keys rotated, scattered before the forward); ``link`` is the order format.
 
 * ``sources``: where vLLM cached a (salt, tokens) sequence (its block ids), and the purge.
 * ``kv_layout``: rows of the attention backend's per-layer KV tensor, learned from the
