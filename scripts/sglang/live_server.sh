@@ -9,8 +9,9 @@
 # group, writes RUN_DIR/server.pid and RUN_DIR/server.log, and returns once the server
 # answers a generate (at most LEYLINE_SGLANG_START_TIMEOUT s, default 300); on timeout or
 # early exit it prints the log's tail, stops the server and fails. `stop` ends that process
-# group (TERM, then KILL after 20 s). No GPU, no sgl_kernel: every fused op runs its
-# forward_native. The venv is scripts/sglang/setup_env.sh's (.venv-sglang).
+# group (TERM, then KILL after 20 s); both by scripts/live_server_lib.sh. No GPU, no
+# sgl_kernel: every fused op runs its forward_native. The venv is scripts/sglang/
+# setup_env.sh's (.venv-sglang).
 #
 # Test-only stand-ins go on the server's PYTHONPATH, never into site-packages: torchvision
 # (tests/sglang/_stubs) and vllm._custom_ops plus a small test plugin (tests/sglang_live/
@@ -29,22 +30,8 @@ venv=${LEYLINE_SGLANG_VENV:-$root/.venv-sglang}
 device=${LEYLINE_SGLANG_DEVICE:-cpu}
 start_timeout=${LEYLINE_SGLANG_START_TIMEOUT:-300}
 say() { printf '[sglang live] %s\n' "$*"; }
-
-stop() {
-  local run=$1 pid
-  [[ -f $run/server.pid ]] || return 0
-  pid=$(cat "$run/server.pid")
-  # The server's processes (HTTP, scheduler, detokenizer) share the group led by $pid.
-  if kill -TERM -- "-$pid" 2>/dev/null; then
-    for _ in $(seq 40); do
-      kill -0 -- "-$pid" 2>/dev/null || break
-      sleep 0.5
-    done
-    kill -KILL -- "-$pid" 2>/dev/null || true
-    say "stopped server pid $pid"
-  fi
-  rm -f "$run/server.pid"
-}
+# shellcheck source=../live_server_lib.sh
+source "$root/scripts/live_server_lib.sh"
 
 # ready URL: a 1-token generate answers (the HTTP port opens before the model is loaded).
 ready() {
@@ -52,12 +39,10 @@ ready() {
     -d '{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}' >/dev/null
 }
 
-start() {
-  local run=$1 model=$2 port=$3
+# launch RUN_DIR MODEL_DIR PORT [FLAG...]: the server's command, by device.
+launch() {
+  local run=$1 model=$2 port=$3 stubs flags
   shift 3
-  mkdir -p "$run"
-  [[ ! -f $run/server.pid ]] || { say "a server is already recorded in $run" >&2; exit 1; }
-  local stubs flags
   case $device in
     cpu)
       stubs="$root/tests/sglang/_stubs:$root/tests/sglang_live/_stubs"
@@ -74,35 +59,9 @@ start() {
         --mem-fraction-static 0.3) ;;
     *) say "LEYLINE_SGLANG_DEVICE must be cpu or cuda, not $device" >&2; exit 2 ;;
   esac
-  PYTHONPATH="$stubs${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-    setsid "$venv/bin/python" -m sglang.launch_server --model-path "$model" \
-    --host 127.0.0.1 --port "$port" "${flags[@]}" --enable-cache-report \
-    --log-level info "$@" </dev/null >"$run/server.log" 2>&1 &
-  echo $! >"$run/server.pid"
-  say "starting $(basename "$model") on $device, 127.0.0.1:$port (pid $!, log $run/server.log)"
-  local t0=$SECONDS url=http://127.0.0.1:$port
-  until ready "$url"; do
-    if ! kill -0 "$(cat "$run/server.pid")" 2>/dev/null; then
-      tail -n 40 "$run/server.log" >&2
-      say "the server exited during start" >&2
-      rm -f "$run/server.pid"
-      exit 1
-    fi
-    if ((SECONDS - t0 >= start_timeout)); then
-      tail -n 40 "$run/server.log" >&2
-      say "not ready after $start_timeout s" >&2
-      stop "$run"
-      exit 1
-    fi
-    sleep 2
-  done
-  say "ready after $((SECONDS - t0)) s: $url"
+  launch_server "$run" env PYTHONPATH="$stubs${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 "$venv/bin/python" -m sglang.launch_server --model-path "$model" \
+    --host 127.0.0.1 --port "$port" "${flags[@]}" --enable-cache-report --log-level info "$@"
 }
 
-case ${1:-} in
-  start) (($# >= 4)) || { echo "usage: $0 start RUN_DIR MODEL_DIR PORT [FLAG...]" >&2; exit 2; }
-    shift; start "$@" ;;
-  stop) (($# == 2)) || { echo "usage: $0 stop RUN_DIR" >&2; exit 2; }
-    stop "$2" ;;
-  *) echo "usage: $0 start RUN_DIR MODEL_DIR PORT [FLAG...] | stop RUN_DIR" >&2; exit 2 ;;
-esac
+live_server_main "$@"
