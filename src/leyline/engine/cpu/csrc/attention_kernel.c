@@ -2,23 +2,14 @@
    leyline_single_query_segments and leyline_query_run_segments, loaded by attention_kernel.py.
 
    K and V are streamed once, bf16 widened to fp32 on the fly (exact), every sum in fp32;
-   the keys are split over threads flash-decoding style: each task holds a running max, sum
-   and weighted values for a segment of one key/value head, merged at the end. Grouped query
-   heads share the key/value head's read (h / (heads / kv_heads), as enable_gqa).
-
-   With AVX2 + FMA and widths that are multiples of 8 the inner loops are intrinsics: eight
-   keys' scores at a time with one transposing reduction, the weighted values of 64 columns
-   held in registers over a chunk of keys, bf16 widened in registers, exp on eight lanes;
-   other widths and CPUs run portable C. On AVX-512, multiples of 16 take the same loops on
-   512-bit rows.
-
-   A run of queries at consecutive positions (each sees the prefix and the run up to
-   itself) is compute-bound; on AVX-512 its rows go across the vector lanes (queries
-   transposed once per task, each key's entries broadcast against up to 64 rows, the online
-   softmax 16 rows at a time with the causal limits as lane masks). Other CPUs get a
-   row-by-row path. Built with AMX, and where Linux grants the tile state, bf16 products
-   run on the tile unit: a run's scores, and a lone query's scores and weighted values in
-   two passes, each weight split into two bf16 parts (hi + lo) so the sums keep fp32 grade. */
+   keys are split over threads flash-decoding style (per task a running max, sum and
+   weighted values for a segment of one key/value head, merged at the end); grouped query
+   heads share their key/value head's read. With AVX2 + FMA (AVX-512) and widths that are
+   multiples of 8 (16) the inner loops are intrinsics; other widths and CPUs run portable C.
+   A run of queries (compute-bound) puts its rows across the vector lanes on AVX-512, the
+   causal limits as lane masks; built with AMX, where Linux grants the tile state, bf16
+   products run on the tile unit, each weight split into two bf16 parts (hi + lo) so the
+   sums keep fp32 grade. docs/perf.md has the figures. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdint.h>
