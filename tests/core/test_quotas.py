@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from leyline.core.salted_session import SaltedSession
 from leyline.core.service import SessionService
 from leyline.core.sessions import Evicted, SessionStore
 from leyline.protocol import Capabilities, ErrorCode, LeylineError, Limits
 from leyline.protocol.resources import SessionCreate
 from leyline.sglang.backend import SglangBackend
-from leyline.sglang.session import SglangSession
 
 from .scripted_scheduler import ScriptedScheduler
 
@@ -128,7 +128,7 @@ def test_without_quotas_the_server_budget_still_evicts_any_tenants_lru() -> None
 class ByToken(SglangBackend):
     """The SGLang backend, but each cached token weighs 100 bytes (as an engine's KV)."""
 
-    def nbytes(self, handle: SglangSession) -> int:
+    def nbytes(self, handle: SaltedSession) -> int:
         return 100 * len(handle.view.tokens)
 
 

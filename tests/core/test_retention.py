@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
+from leyline.core.salted_session import SaltedSession
 from leyline.engine.engine import Engine
 from leyline.engine.models import LoadedModel
 from leyline.protocol import Edit, ErrorCode, LeylineError, Mode, apply_edits
 from leyline.protocol.resources import ApplyDirectives
 from leyline.serve.service import LeylineService
 from leyline.sglang.backend import SglangBackend
-from leyline.sglang.session import SglangSession
 
 from .chat_service import BACKENDS, LIMITS, chat, conversation, make_service
 
@@ -35,7 +35,7 @@ class WeighedSglang(SglangBackend):
     """SGLang's tree owns its KV (``nbytes`` is 0), so the byte budget never binds there;
     this one weighs a session by its tokens, to drive the store's budget on both."""
 
-    def nbytes(self, handle: SglangSession) -> int:
+    def nbytes(self, handle: SaltedSession) -> int:
         return 1000 * len(handle.view.tokens)
 
 

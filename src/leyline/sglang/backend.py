@@ -13,24 +13,27 @@ import asyncio
 import hmac
 import logging
 import time
-import uuid
 from collections.abc import Collection, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
 from leyline.core.backend import SERVED_VERBS, SkillRegistration
 from leyline.core.batch import EditPlan, SessionView, common_prefix
-from leyline.core.chat.render import BackendRenderer
 from leyline.core.errors import SpliceUnsupportedError
+from leyline.core.host_backend import HostBackend, private_namespaces
 from leyline.core.report import OpReport
+from leyline.core.salted_session import (
+    SaltedSession,
+    keeps_downstream_kv,
+    new_private_salt,
+    private_namespace,
+)
 from leyline.core.sessions import DEFAULT_TENANT
 from leyline.core.turns import Cancelled, GenerationResult, Outcome, Turn
 from leyline.protocol import (
     PROTOCOL_VERSION,
     Capabilities,
-    ErrorCode,
     FallbackReason,
-    LeylineError,
     Limits,
     Path,
 )
@@ -47,7 +50,6 @@ from leyline.sglang.link import (
     SchedulerOrder,
     checked,
 )
-from leyline.sglang.session import SglangSession
 from leyline.sglang.skill_store import HeldSkill, SkillHolds
 
 logger = logging.getLogger(__name__)
@@ -56,8 +58,8 @@ logger = logging.getLogger(__name__)
 LAYOUTS = ("mla", "gqa")
 
 
-class SglangBackend:
-    """``Backend[SglangSession]`` over one SGLang server's scheduler (``link``); a turn's
+class SglangBackend(HostBackend):
+    """``Backend[SaltedSession]`` over one SGLang server's scheduler (``link``); a turn's
     generation is an ordinary SGLang generate (``generator``)."""
 
     def __init__(
@@ -72,31 +74,23 @@ class SglangBackend:
         generator: Generator | None = None,
         stop_token_ids: Collection[int] = (),
     ) -> None:
-        self.link = link
-        self._tokenizer = tokenizer
-        self._limits = limits
-        self._vocab_size = vocab_size
-        self.model_name = model_name
-        self.generator = generator
-        self._stops = tuple(stop_token_ids)
         missing = (
             "this SGLang server runs without a tokenizer (--skip-tokenizer-init): send "
             "token ids instead of text or messages"
         )
-        # The reference server's rendering over SGLang's own (HF) tokenizer: same template,
-        # same message spans, so message anchors resolve here as they do there.
-        self.renderer = BackendRenderer(tokenizer, missing)
+        super().__init__(
+            tokenizer,
+            limits=limits,
+            vocab_size=vocab_size,
+            model_name=model_name,
+            stop_token_ids=stop_token_ids,
+            missing_tokenizer=missing,
+        )
+        self.link = link
+        self.generator = generator
         self._tenant_secret = tenant_secret
         self.skills = SkillHolds(link, model_name or "sglang", self.namespace_of)
         self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def limits(self) -> Limits:
-        return self._limits
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -113,24 +107,6 @@ class SglangBackend:
             # kept run; selective recompute is not built here (``none`` only).
             skill_anchors=True,
         )
-
-    @property
-    def tokenizer(self) -> Any | None:
-        return self._tokenizer
-
-    @property
-    def stop_token_ids(self) -> Collection[int]:
-        return self._stops
-
-    def encode(self, text: str) -> tuple[int, ...]:
-        if self._tokenizer is None:
-            raise LeylineError(ErrorCode.invalid_directive, self.renderer.missing, "text")
-        return tuple(int(t) for t in self._tokenizer.encode(text, add_special_tokens=False))
-
-    def decode(self, tokens: Sequence[int]) -> str:
-        if self._tokenizer is None:
-            return " ".join(str(t) for t in tokens)
-        return str(self._tokenizer.decode(list(tokens), skip_special_tokens=False))
 
     # -- skills: the tree's own prefill of each, locked while registered (skill_store) --
 
@@ -165,23 +141,15 @@ class SglangBackend:
         name = f"{tenant}\x00{cache_salt or ''}".encode()
         return "leyline-tenant-" + hmac.new(self._tenant_secret, name, "sha256").hexdigest()[:32]
 
-    def open(self, salt: str) -> SglangSession:
+    def open(self, salt: str) -> SaltedSession:
         # ``salt`` is the core's partition: the tenant, then the session's cache_salt.
         tenant, sep, cache_salt = salt.partition("\x00")
-        return SglangSession(shared_salt=self.namespace_of(tenant, cache_salt if sep else None))
+        return SaltedSession(shared_salt=self.namespace_of(tenant, cache_salt if sep else None))
 
-    def view(self, handle: SglangSession) -> SessionView:
-        return handle.view
-
-    def nbytes(self, handle: SglangSession) -> int:
-        return 0  # the tree owns the KV; a session pins nothing (SGLang evicts it LRU)
-
-    def close(self, handle: SglangSession) -> None:
+    def close(self, handle: SaltedSession) -> None:
         # The session's own namespaces hold KV nobody else may read: free it now rather
         # than leave it to the tree's LRU (a deleted session lets go of what it held).
-        private = list(handle.abandoned)
-        if handle.private_salt is not None:
-            private.append((handle.private_salt, handle.view.tokens))
+        private = private_namespaces(handle)
         if private:
             self._background(self._purge(private))
 
@@ -206,7 +174,7 @@ class SglangBackend:
         task.add_done_callback(self._tasks.discard)
 
     async def prefill(
-        self, handle: SglangSession, tokens: Sequence[int], spans: Sequence[MessageSpan]
+        self, handle: SaltedSession, tokens: Sequence[int], spans: Sequence[MessageSpan]
     ) -> OpReport:
         old, new = handle.view, tuple(int(t) for t in tokens)
         if new[: len(old.tokens)] != old.tokens:
@@ -222,7 +190,7 @@ class SglangBackend:
         return OpReport(path, revision, shared, len(new) - shared, first_change=shared)
 
     async def execute(
-        self, handle: SglangSession, plan: EditPlan, *, allow_fallback: bool
+        self, handle: SaltedSession, plan: EditPlan, *, allow_fallback: bool
     ) -> OpReport:
         base = handle.view
         if plan.is_identity:
@@ -269,7 +237,7 @@ class SglangBackend:
         handle.view = SessionView(plan.tokens, base.revision + 1, plan.spans)
         return report
 
-    async def run_turn(self, turn: Turn[SglangSession]) -> Outcome:
+    async def run_turn(self, turn: Turn[SaltedSession]) -> Outcome:
         """The plan through ``execute``, then an ordinary generate of the prompt: SGLang's
         prefix match finds the spliced KV, so only what is new is prefilled. The session
         then holds the prompt and the generated ids, as on the reference server."""
@@ -306,7 +274,7 @@ class SglangBackend:
 
     async def _private_build(
         self,
-        handle: SglangSession,
+        handle: SaltedSession,
         plan: EditPlan,
         allow_fallback: bool,
         blocks: Sequence[BlockSource],
@@ -322,12 +290,12 @@ class SglangBackend:
             # A fallback may leave part of a build in the session's namespace; the generate
             # that re-prefills must not find it, so the session moves to a fresh one.
             handle.abandoned.append((handle.private_salt, plan.tokens))
-            handle.private_salt = _private_salt()
+            handle.private_salt = new_private_salt()
         else:
             handle.abandoned.append((salt, plan.tokens))  # a partial build nobody will read
         return report
 
-    async def _forget(self, handle: SglangSession, plan: EditPlan) -> SchedulerAnswer:
+    async def _forget(self, handle: SaltedSession, plan: EditPlan) -> SchedulerAnswer:
         """Purge what was derived from the forgotten tokens: past the edit where the
         session's KV is; once it went private, in its shared namespace too (anyone there,
         a plain request say, may have prefilled the same tokens); and in every earlier
@@ -402,29 +370,6 @@ class SglangBackend:
             first_change=plan.result.first_change,
             fallback_reason=reason,
         )
-
-
-def _private_salt() -> str:
-    return f"leyline-session-{uuid.uuid4().hex}"
-
-
-def private_namespace(handle: SglangSession) -> str:
-    """Where a session builds KV that is not the exact prefill of its tokens: its own
-    namespace (one is minted the first time). The live tests' mutant replaces this."""
-    return handle.private_salt or _private_salt()
-
-
-def keeps_downstream_kv(plan: EditPlan) -> bool:
-    """Whether the new sequence keeps cached KV past the first change (other than its last
-    token, which is always recomputed): that KV attended to what the edit removed."""
-    result = plan.result
-    last = len(result.tokens) - 1
-    return any(
-        run.kind == "kept"
-        and run.new_end > result.first_change
-        and max(run.new_start, result.first_change) < last
-        for run in result.runs
-    )
 
 
 def _blocks(plan: EditPlan, skills: Sequence[HeldSkill]) -> list[BlockSource]:

@@ -18,15 +18,15 @@ from typing import Any
 
 from leyline.core.route_guard import unmatched_router
 from leyline.core.routes import leyline_router
+from leyline.core.salted_session import SaltedSession
 from leyline.core.turns import OnToken, SamplingParams, TokenChoice
 from leyline.protocol import Limits
 from leyline.protocol.resources import API_PREFIX
+from leyline.serve.openai_dispatch import LeylineDispatch, leyline_openai_app
 from leyline.serve.service import LeylineService
 from leyline.serve.settings import ServerSettings
 from leyline.sglang.backend import SglangBackend
 from leyline.sglang.link import Generated, SchedulerAnswer, SchedulerOrder
-from leyline.sglang.openai_dispatch import LeylineDispatch, leyline_openai_app
-from leyline.sglang.session import SglangSession
 from leyline.sglang.tenant_keys import TenantKeys, tenants_from_env
 from leyline.sglang.wire import LeylineSpliceReqInput, LeylineSpliceReqOutput, from_wire, to_wire
 
@@ -179,7 +179,7 @@ def install(tokenizer_manager: Any) -> None:
         mount(server.app, tokenizer_manager)
 
 
-def mount(app: Any, tokenizer_manager: Any) -> LeylineService[SglangSession]:
+def mount(app: Any, tokenizer_manager: Any) -> LeylineService[SaltedSession]:
     """The ``/leyline/v1`` routes, and chat / completions with a ``leyline`` object, on
     SGLang's FastAPI ``app``: one service, so a session made by either is seen by both."""
     tenants = tenants_from_env()  # a malformed keys file stops the server here, loudly

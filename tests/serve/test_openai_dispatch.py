@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from leyline.sglang.openai_dispatch import LeylineDispatch
+from leyline.serve.openai_dispatch import LeylineDispatch
 
 QUOTED_WORD = {"role": "user", "content": '"leyline"'}
 

@@ -1,16 +1,18 @@
-"""Chat and completions requests that carry a ``leyline`` object, served on SGLang's app.
+"""Chat and completions requests that carry a ``leyline`` object, served on a host server's
+app (SGLang's, vLLM's).
 
-SGLang owns ``/v1/chat/completions`` and ``/v1/completions``. This ASGI middleware reads
+The host owns ``/v1/chat/completions`` and ``/v1/completions``. This ASGI middleware reads
 the body of a POST to either; if it is a JSON object with a top-level ``leyline`` key (a
 session, directives), the request goes to the reference server's OpenAI routes over the
 plugin's ``LeylineService`` (the same checks, sessions, directives, reports and streaming
 as ``leyline serve``). Everything else, an unchanged OpenAI client's request included,
-reaches SGLang byte for byte.
+reaches the host byte for byte.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -20,7 +22,6 @@ from leyline.protocol import ErrorCode, LeylineError
 from leyline.serve.errors import install_error_handlers
 from leyline.serve.routes_openai import openai_router
 from leyline.serve.service import LeylineService
-from leyline.sglang.session import SglangSession
 
 ROUTED = frozenset({"/v1/chat/completions", "/v1/completions"})
 MAX_BODY_BYTES = 32 * 1024**2
@@ -28,7 +29,7 @@ MAX_BODY_BYTES = 32 * 1024**2
 default body limit is far smaller); a larger body is refused, never read whole."""
 
 
-def leyline_openai_app(service: LeylineService[SglangSession]) -> FastAPI:
+def leyline_openai_app(service: LeylineService[Any]) -> FastAPI:
     """The OpenAI routes for requests with a ``leyline`` object (typed protocol errors)."""
     app = FastAPI(redirect_slashes=False, openapi_url=None, docs_url=None, redoc_url=None)
     install_error_handlers(app)
