@@ -1,0 +1,355 @@
+"""vLLM as a backend (``core.backend.Backend``): plans executed as vLLM requests the backend
+runs itself, each carrying an order (``link``) for ``LeylineConnector``.
+
+A session is its protocol state (the handle and the namespace logic are SGLang's: shared
+and private salt, lineages): the KV lives in vLLM's prefix cache, found by (salt, tokens).
+A splice that keeps KV past its first change is built in the session's private namespace
+(``build``): the connector loads the kept rows, keys rotated, and vLLM computes the rest.
+A FORGET re-prefills, its request carrying the purge of every lineage. COMPOSE is not built
+(refused by the core: capabilities leave it out). Imports neither torch nor vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from leyline.core.backend import EXECUTED_VERBS, MARKING_VERBS, SkillRegistration
+from leyline.core.batch import EditPlan, SessionView, common_prefix
+from leyline.core.errors import SpliceUnsupportedError
+from leyline.core.host_backend import HostBackend, private_namespaces
+from leyline.core.report import OpReport
+from leyline.core.salted_session import SaltedSession, keeps_downstream_kv, private_namespace
+from leyline.core.turns import Cancelled, GenerationResult, Outcome, Turn
+from leyline.protocol import (
+    PROTOCOL_VERSION,
+    Capabilities,
+    ErrorCode,
+    FallbackReason,
+    LeylineError,
+    Limits,
+    Path,
+)
+from leyline.protocol.directives import Mode
+from leyline.protocol.resolve import SkillTokens
+from leyline.protocol.resources import SkillInfo
+from leyline.protocol.spans import MessageSpan
+from leyline.vllm.build import cached_end, clipped, plan_build
+from leyline.vllm.link import LoadSource, Order, PurgeTarget
+from leyline.vllm.runner import PREFILL, Ran, Runner
+
+logger = logging.getLogger(__name__)
+
+RESERVED_SALT_PREFIX = "leyline-"
+"""Salts the backend mints for private namespaces; no client may name one."""
+CARRIER = (0,)
+"""The prompt of a request that only carries an order (a purge with nothing to prefill)."""
+
+
+@dataclass
+class VllmSession(SaltedSession):
+    computed: int = 0
+    """Leading tokens of the view that vLLM computed under :attr:`salt` (its full blocks
+    are the next splice's sources)."""
+    tail: Order | None = None
+    """Rows a build loaded into the last partial block (never cached): loaded again by the
+    next request that extends the built sequence."""
+
+
+class VllmBackend(HostBackend):
+    """``Backend[VllmSession]`` over one vLLM engine (``runner``)."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        tokenizer: Any | None,
+        *,
+        limits: Limits,
+        vocab_size: int,
+        block_size: int,
+        model_name: str = "",
+        stop_token_ids: Collection[int] = (),
+        refusal: SpliceUnsupportedError | None = None,
+    ) -> None:
+        super().__init__(
+            tokenizer,
+            limits=limits,
+            vocab_size=vocab_size,
+            model_name=model_name,
+            stop_token_ids=stop_token_ids,
+            missing_tokenizer="this vLLM server has no tokenizer",
+        )
+        self.runner = runner
+        self.block_size = block_size
+        self.refusal = refusal
+        """Why no order can run here (no ``LeylineConnector`` configured), or None."""
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def capabilities(self) -> Capabilities:
+        # COMPOSE is not built here: a compose directive and the skills routes are refused
+        # (unsupported_verb) because it is not listed. Without the connector no edit can
+        # keep KV, so only what re-prefills is offered.
+        verbs = [*EXECUTED_VERBS, *MARKING_VERBS]
+        return Capabilities(
+            protocol_version=PROTOCOL_VERSION,
+            verbs=verbs,
+            architectures=[] if self.refusal is not None else ["gqa"],
+            models=[self.model_name] if self.model_name else [],
+            limits=self._limits,
+            tenants=False,
+            cache_salt=True,
+        )
+
+    # -- skills: not built (COMPOSE is not in the capabilities, so the core never asks) ---
+
+    def skill_tokens(self, tenant: str) -> SkillTokens | None:
+        return None
+
+    async def register_skill(self, skill: SkillRegistration) -> SkillInfo:
+        raise _no_skills()
+
+    def skill_info(self, tenant: str, skill_id: str, include_tokens: bool) -> SkillInfo:
+        raise _no_skills()
+
+    def list_skills(self, tenant: str) -> list[SkillInfo]:
+        raise _no_skills()
+
+    async def delete_skill(self, tenant: str, skill_id: str) -> None:
+        raise _no_skills()
+
+    # -- handles ------------------------------------------------------------------------
+
+    def open(self, salt: str) -> VllmSession:
+        # ``salt`` is the core's partition: the tenant, then the session's cache_salt.
+        _tenant, sep, cache_salt = salt.partition("\x00")
+        if sep and cache_salt.startswith(RESERVED_SALT_PREFIX):
+            raise LeylineError(
+                ErrorCode.invalid_directive,
+                f"cache_salt values starting with {RESERVED_SALT_PREFIX!r} are reserved for "
+                "the server's private namespaces",
+                "cache_salt",
+            )
+        return VllmSession(shared_salt=cache_salt if sep else None)
+
+    def close(self, handle: VllmSession) -> None:
+        # A private namespace holds KV nobody else may read: purged now rather than left
+        # to vLLM's LRU.
+        private = private_namespaces(handle)
+        if not private or self.refusal is not None:
+            return
+        order = Order(purge=tuple(PurgeTarget(salt, tokens, 0) for salt, tokens in private))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # closed outside the server's loop (a test): nothing runs
+            return
+        task = loop.create_task(self._carry(order))
+        self._tasks.add(task)  # a task nobody references may be collected mid-run
+        task.add_done_callback(self._tasks.discard)
+
+    async def _carry(self, order: Order) -> None:
+        try:
+            await self.runner.run(CARRIER, PREFILL, _carrier_salt(), order)
+        except Exception:  # the session is gone either way; vLLM's LRU takes the blocks
+            logger.exception("purging a closed session's private namespace failed")
+
+    async def prefill(
+        self, handle: VllmSession, tokens: Sequence[int], spans: Sequence[MessageSpan]
+    ) -> OpReport:
+        old, new = handle.view, tuple(int(t) for t in tokens)
+        if new[: len(old.tokens)] != old.tokens:
+            handle.realigned(old.tokens, new)
+        if new:
+            await self.runner.run(new, PREFILL, handle.salt)
+            handle.cached(new)
+        handle.computed, handle.tail = len(new), None
+        shared = common_prefix(old.tokens, new)
+        revision = old.revision if new == old.tokens else old.revision + 1
+        handle.view = SessionView(new, revision, tuple(spans))
+        path = Path.prefix_hit if shared == len(old.tokens) and shared > 0 else Path.reprefill
+        return OpReport(path, revision, shared, len(new) - shared, first_change=shared)
+
+    async def execute(
+        self, handle: VllmSession, plan: EditPlan, *, allow_fallback: bool
+    ) -> OpReport:
+        base = handle.view
+        if plan.is_identity:
+            n = len(base.tokens)
+            return OpReport(Path.splice, base.revision, n, 0, first_change=n)
+        result = plan.result
+        if plan.forget_from is not None:
+            # Everything from the first change on is computed afresh, in the session's
+            # namespace, by the request that carries the purge (protocol 3.2, 3.4).
+            ran = await self._forget(handle, plan)
+            reused = min(ran.cached_tokens, result.first_change) if plan.tokens else 0
+            report = _report(plan, Path.reprefill, reused, 0)
+            computed, tail = len(plan.tokens), None
+        elif result.first_change == len(base.tokens):
+            # Errata only: nothing cached moves; the next request appends the note.
+            report = _report(plan, Path.prefix_hit, len(base.tokens), 0)
+            computed, tail = handle.computed, handle.tail
+        elif not keeps_downstream_kv(plan):
+            # Nothing kept past the first change (a cut of the tail, say): computed in
+            # context from there, exact, so it stays in the shared namespace.
+            ran = await self.runner.run(plan.tokens, PREFILL, handle.salt)
+            report = _report(plan, Path.splice, min(ran.cached_tokens, result.first_change), 0)
+            computed, tail = len(plan.tokens), None
+        elif self.refusal is not None:
+            if not allow_fallback:
+                raise self.refusal
+            ran = await self.runner.run(plan.tokens, PREFILL, handle.salt)
+            reused = min(ran.cached_tokens, result.first_change)
+            report = _report(plan, Path.reprefill, reused, 0, self.refusal.reason)
+            computed, tail = len(plan.tokens), None
+        else:
+            report, tail = await self._private_build(handle, plan, allow_fallback)
+            computed = len(plan.tokens)
+        handle.moved(result.position_map)
+        handle.cached(plan.tokens)
+        handle.computed, handle.tail = computed, tail
+        handle.view = SessionView(plan.tokens, base.revision + 1, plan.spans)
+        return report
+
+    async def run_turn(self, turn: Turn[VllmSession]) -> Outcome:
+        """The plan through ``execute``, then one generate of the prompt in the session's
+        namespace: vLLM's prefix lookup finds the built KV, the connector loads what a
+        build left in the last partial block. The session then holds prompt + output."""
+        if turn.cancelled():
+            raise Cancelled
+        t0 = time.perf_counter()
+        handle = turn.handle
+        edit = None
+        if turn.plan is not None:
+            edit = await self.execute(handle, turn.plan, allow_fallback=turn.allow_fallback)
+        edited = handle.view
+        spans = turn.prompt_spans(edited)
+        prompt = turn.prompt
+        extends = prompt[: len(edited.tokens)] == edited.tokens
+        if not extends:
+            handle.realigned(edited.tokens, prompt)
+        tail = handle.tail if extends else None
+        revision = edited.revision if prompt == edited.tokens else edited.revision + 1
+        # The prompt is the session's from here (the request caches it), even if the
+        # generation then fails: the view never claims tokens vLLM was not given.
+        handle.view, handle.computed, handle.tail = SessionView(prompt, revision, spans), 0, None
+        out = await self.runner.run(prompt, turn.params, handle.salt, tail, turn.on_token)
+        reused = min(out.cached_tokens, len(prompt))
+        shared = common_prefix(edited.tokens, prompt)
+        path = Path.prefix_hit if shared == len(edited.tokens) else Path.reprefill
+        prefill = OpReport(path, revision, reused, len(prompt) - reused, first_change=shared)
+        handle.view = SessionView(prompt + out.ids, revision + 1, spans)
+        handle.computed = len(prompt) + max(len(out.ids) - 1, 0)  # the last id: no KV
+        handle.cached(prompt + out.ids[:-1])
+        seconds = time.perf_counter() - t0
+        generation = GenerationResult(
+            out.ids, out.text, out.finish_reason, revision + 1, prefill, seconds, out.logprobs
+        )
+        return Outcome(edit, prefill, edited.tokens, spans, generation)
+
+    async def _private_build(
+        self, handle: VllmSession, plan: EditPlan, allow_fallback: bool
+    ) -> tuple[OpReport, Order | None]:
+        """The new sequence built in the session's own namespace (the exact prefix copied
+        there once): kept rows loaded with their keys rotated, the rest computed."""
+        salt = private_namespace(handle)
+        n = len(plan.tokens)
+        build = plan_build(plan.result.position_map, n, handle.computed, self.block_size)
+        source = (handle.salt, plan.base.tokens)
+        order = _load(source, build.runs)
+        answers: list[Ran] = []
+        for end in build.prefix_ends:
+            answers.append(await self.runner.run(plan.tokens[:end], PREFILL, salt, order))
+        answers.append(await self.runner.run(plan.tokens, PREFILL, salt, order))
+        refused = next(
+            (ran.answer for ran in answers if ran.answer and ran.answer.fallback_reason), None
+        )
+        if refused is not None and refused.fallback_reason != FallbackReason.missing_source:
+            # Nothing was loaded (a worker that cannot write rows): vLLM computed it all, so
+            # the private namespace holds an exact prefill nobody will read.
+            handle.abandoned.append((salt, plan.tokens))
+            if handle.private_salt == salt:
+                handle.private_salt = None
+            reason = FallbackReason(refused.fallback_reason or "unsupported_runtime")
+            if not allow_fallback:
+                raise SpliceUnsupportedError(reason, refused.message or "the load was refused")
+            ran = await self.runner.run(plan.tokens, PREFILL, handle.salt)
+            reused = min(ran.cached_tokens, plan.result.first_change)
+            return _report(plan, Path.reprefill, reused, 0, reason), None
+        first = answers[0]
+        loaded = [ran.answer.reused if ran.answer else 0 for ran in answers]
+        reused = first.cached_tokens - loaded[0] + sum(loaded)
+        rotated = sum(ran.answer.rotated if ran.answer else 0 for ran in answers)
+        missing = FallbackReason.missing_source if refused is not None else None
+        handle.private_salt = salt
+        tail_runs = clipped(
+            build.runs, source_end=n, dest_from=cached_end(n, self.block_size), dest_end=n - 1
+        )
+        tail = _load(source, tail_runs) if tail_runs else None
+        return _report(plan, Path.splice, reused, rotated, missing), tail
+
+    async def _forget(self, handle: VllmSession, plan: EditPlan) -> Ran:
+        """Purge what was derived from the forgotten tokens (protocol 3.2): past the edit
+        where the session's KV is; once it went private, in its shared namespace too
+        (anyone there may have prefilled the same tokens); in every earlier lineage, from
+        where the forgotten tokens sit in it. One request carries the purge (vLLM runs it
+        before its lookup) and re-prefills the new sequence."""
+        if self.refusal is not None:
+            raise self.refusal  # a forget that cannot purge must not claim it did
+        base = handle.view
+        first = plan.forget_from
+        assert first is not None
+        targets = [PurgeTarget(handle.salt, base.tokens, first)]
+        if handle.private_salt is not None:
+            targets.append(PurgeTarget(handle.shared_salt, base.tokens, first))
+        spans = [(e.start, e.end) for e in plan.edits if e.mode is Mode.forget]
+        for salt, lineages in handle.lineages.items():
+            for tokens, at in lineages.forgotten(spans):
+                for where in dict.fromkeys((salt, handle.shared_salt)):
+                    target = PurgeTarget(where, tokens, at)
+                    if target not in targets:
+                        targets.append(target)
+        order = Order(purge=tuple(targets))
+        if not plan.tokens:
+            return await self.runner.run(CARRIER, PREFILL, _carrier_salt(), order)
+        return await self.runner.run(plan.tokens, PREFILL, handle.salt, order)
+
+
+def _load(source: tuple[str | None, tuple[int, ...]], runs: Sequence[Any]) -> Order:
+    salt, tokens = source
+    return Order(load=(LoadSource(salt, tokens, tuple(runs)),))
+
+
+def _carrier_salt() -> str:
+    """A namespace of its own for a carrier request: it shares no block with anyone."""
+    return private_namespace(VllmSession())
+
+
+def _no_skills() -> LeylineError:
+    return LeylineError(
+        ErrorCode.unsupported_verb,
+        "this vLLM server does not execute compose, so it keeps no skills",
+        "skill",
+    )
+
+
+def _report(
+    plan: EditPlan,
+    path: Path,
+    reused: int,
+    rotated: int,
+    reason: FallbackReason | None = None,
+) -> OpReport:
+    n = len(plan.tokens)
+    reused = min(reused, n)
+    return OpReport(
+        path,
+        plan.base.revision + 1,
+        reused_tokens=reused,
+        prefilled_tokens=n - reused,
+        rotated_tokens=rotated,
+        first_change=plan.result.first_change,
+        fallback_reason=reason,
+    )

@@ -1,0 +1,94 @@
+"""A stand-in for vLLM's engine behind ``VllmBackend``'s ``Runner``: its prefix cache (full
+blocks under chained (salt, tokens) keys), the connector's load (consecutive planned rows
+from the hit on, while their source block is cached, never the last prompt token) and its
+purge. Each position's KV is recorded as where it came from, so a test can tell a row
+loaded (and from where) from one computed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from leyline.core.turns import OnToken, SamplingParams
+from leyline.vllm.link import Answer, Order
+from leyline.vllm.runner import Ran
+
+Key = tuple[str | None, tuple[int, ...]]
+"""A full block: the salt and every token up to its end (vLLM's chained hash)."""
+
+
+@dataclass
+class Request:
+    tokens: tuple[int, ...]
+    salt: str | None
+    order: Order | None
+    kv: list[str]
+    """Per position: 'computed' or 'loaded <salt> <source position> <shift>' or 'hit'."""
+    answer: Answer | None
+
+
+@dataclass
+class FakeEngine:
+    block_size: int = 4
+    cache: dict[Key, list[str]] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    output: tuple[int, ...] = (7,)
+
+    def cached_blocks(self, salt: str | None, tokens: Sequence[int]) -> int:
+        n = 0
+        while (salt, tuple(tokens[: (n + 1) * self.block_size])) in self.cache and (
+            n + 1
+        ) * self.block_size <= len(tokens):
+            n += 1
+        return n
+
+    async def run(
+        self,
+        tokens: Sequence[int],
+        params: SamplingParams,
+        salt: str | None,
+        order: Order | None = None,
+        on_token: OnToken | None = None,
+    ) -> Ran:
+        tokens = tuple(tokens)
+        b = self.block_size
+        purged = 0
+        for target in order.purge if order else ():
+            first = target.from_position // b
+            for k in range(first, len(target.tokens) // b):
+                purged += (
+                    self.cache.pop((target.salt, target.tokens[: (k + 1) * b]), None) is not None
+                )
+        hit = min(self.cached_blocks(salt, tokens) * b, (len(tokens) - 1) // b * b)
+        kv = ["hit"] * hit
+        reused = rotated = 0
+        missing = None
+        rows = _rows(order)
+        while len(kv) < len(tokens) - 1 and len(kv) in rows:
+            source_salt, source_tokens, at, shift = rows[len(kv)]
+            if self.cached_blocks(source_salt, source_tokens) * b <= at:
+                missing = len(kv)
+                break
+            kv.append(f"loaded {source_salt} {at} {shift}")
+            reused += 1
+            rotated += shift != 0
+        kv += ["computed"] * (len(tokens) - len(kv))
+        for k in range(len(tokens) // b):
+            self.cache.setdefault((salt, tokens[: (k + 1) * b]), kv[k * b : (k + 1) * b])
+        answer = None
+        if order is not None:
+            reason = "missing_source" if missing is not None else None
+            answer = Answer(reused, rotated, missing, reason, purged)
+        self.requests.append(Request(tokens, salt, order, kv, answer))
+        ids = self.output[: params.max_new_tokens]
+        return Ran(ids, "x" * len(ids), "length", hit + reused, answer)
+
+
+def _rows(order: Order | None) -> dict[int, tuple[str | None, tuple[int, ...], int, int]]:
+    rows = {}
+    for source in order.load if order else ():
+        for run in source.runs:
+            for k in range(run.length):
+                at = run.source_start + k
+                rows[run.dest_start + k] = (source.salt, source.tokens, at, run.shift)
+    return rows

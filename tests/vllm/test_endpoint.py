@@ -1,0 +1,74 @@
+"""The endpoint plugin's middleware on a stand-in vLLM app: the core's routes and
+``leyline`` bodies go to the plugin, plain bodies to vLLM unchanged, reserved salts get a
+422; and the runtime checks that make every edit refused."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+
+from leyline.protocol import FallbackReason, Limits
+from leyline.protocol.resources import Routes
+from leyline.vllm.backend import VllmBackend
+from leyline.vllm.endpoint import LeylineEndpoint, mount, reserved_salt, runtime_refusal
+
+from ._fake_engine import FakeEngine
+
+
+def _app() -> tuple[FastAPI, LeylineEndpoint]:
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(body: dict[str, Any]) -> dict[str, Any]:
+        return {"vllm": body}
+
+    endpoint = LeylineEndpoint()
+    endpoint.attach_router(app)
+    return app, endpoint
+
+
+def _post(app: FastAPI, path: str, body: dict[str, Any]) -> httpx.Response:
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            return await client.post(path, json=body) if body else await client.get(path)
+
+    return asyncio.run(post())
+
+
+def test_requests_are_routed_once_mounted() -> None:
+    app, endpoint = _app()
+    assert _post(app, Routes.capabilities, {}).status_code == 404  # not mounted yet: vLLM's
+    backend = VllmBackend(FakeEngine(4), None, limits=Limits(), vocab_size=100, block_size=4)
+    endpoint.mounted = mount(backend)
+    caps = _post(app, Routes.capabilities, {})
+    assert caps.status_code == 200 and "compose" not in caps.json()["verbs"]
+    plain = {"prompt": [1, 2], "max_tokens": 1, "cache_salt": "mine"}
+    assert _post(app, "/v1/completions", plain).json() == {"vllm": plain}
+    reserved = _post(app, "/v1/completions", plain | {"cache_salt": "leyline-session-x"})
+    assert reserved.status_code == 422 and reserved.json()["error"]["field"] == "cache_salt"
+    turn = _post(app, "/v1/completions", plain | {"leyline": {}, "cache_salt": None})
+    assert turn.status_code == 200 and "leyline" in turn.json(), turn.text
+    assert "vllm" not in turn.json()
+
+
+def test_reserved_salt_is_read_from_the_top_level_only() -> None:
+    assert reserved_salt(b'{"cache_salt": "leyline-x"}')
+    assert not reserved_salt(b'{"cache_salt": "mine", "note": "leyline-x"}')
+    assert not reserved_salt(b'{"cache_salt": "leyline-x"')  # vLLM answers bad JSON
+
+
+def test_runtime_refusal_names_what_is_missing() -> None:
+    def config(connector: str | None, caching: bool = True) -> Any:
+        transfer = None if connector is None else SimpleNamespace(kv_connector=connector)
+        cache = SimpleNamespace(enable_prefix_caching=caching)
+        return SimpleNamespace(kv_transfer_config=transfer, cache_config=cache)
+
+    assert runtime_refusal(config("LeylineConnector")) is None
+    for refused in (config(None), config("LMCacheConnectorV1"), config("LeylineConnector", False)):
+        refusal = runtime_refusal(refused)
+        assert refusal is not None and refusal.reason is FallbackReason.unsupported_runtime
