@@ -78,3 +78,10 @@ clean:
 vllm-check:
 	bash scripts/vllm/setup_env.sh
 	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm
+
+# The backend in a real vLLM 0.32.0 server on this CPU: one server on SmolLM2 with the
+# plugins and the connector, tested live over HTTP against the reference engine on the same
+# weights (tests/vllm_live; MLA needs an AMX CPU or a GPU, see the script's header).
+.PHONY: vllm-live-check
+vllm-live-check: setup
+	bash scripts/vllm/live_check.sh

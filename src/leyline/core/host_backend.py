@@ -7,11 +7,14 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from leyline.core.batch import SessionView
+from leyline.core.batch import EditPlan, SessionView
 from leyline.core.chat.render import BackendRenderer
+from leyline.core.report import OpReport
 from leyline.core.salted_session import SaltedSession
 from leyline.protocol import ErrorCode, LeylineError
 from leyline.protocol.capabilities import Limits
+from leyline.protocol.envelope import Path
+from leyline.protocol.fallback import FallbackReason
 
 
 class HostBackend:
@@ -74,3 +77,25 @@ def private_namespaces(handle: SaltedSession) -> list[tuple[str, tuple[int, ...]
     if handle.private_salt is not None:
         private.append((handle.private_salt, handle.view.tokens))
     return private
+
+
+def edit_report(
+    plan: EditPlan,
+    path: Path,
+    reused: int,
+    rotated: int,
+    reason: FallbackReason | None = None,
+) -> OpReport:
+    """The report of an edit that kept ``reused`` tokens' KV (``rotated`` of them moved) and
+    had the engine compute the rest of the new sequence."""
+    n = len(plan.tokens)
+    reused = min(reused, n)
+    return OpReport(
+        path,
+        plan.base.revision + 1,
+        reused_tokens=reused,
+        prefilled_tokens=n - reused,
+        rotated_tokens=rotated,
+        first_change=plan.result.first_change,
+        fallback_reason=reason,
+    )

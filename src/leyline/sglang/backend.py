@@ -20,7 +20,7 @@ from typing import Any
 from leyline.core.backend import SERVED_VERBS, SkillRegistration
 from leyline.core.batch import EditPlan, SessionView, common_prefix
 from leyline.core.errors import SpliceUnsupportedError
-from leyline.core.host_backend import HostBackend, private_namespaces
+from leyline.core.host_backend import HostBackend, edit_report, private_namespaces
 from leyline.core.report import OpReport
 from leyline.core.salted_session import (
     SaltedSession,
@@ -202,7 +202,7 @@ class SglangBackend(HostBackend):
             # Everything from the forget on is prefilled by the next generate: a block
             # there is computed in full (protocol 3.4), so nothing needs a namespace.
             out = await self._forget(handle, plan)
-            report = self._report(plan, Path.reprefill, min(out.cached_tokens, forget_from), 0)
+            report = edit_report(plan, Path.reprefill, min(out.cached_tokens, forget_from), 0)
             if keeps_downstream_kv(plan) and not plan.composes:
                 # Rule 6 of a batch: a splice before the forget keeps its downstream KV up
                 # to the forget, and that KV is the session's own. The build prefills the
@@ -210,7 +210,7 @@ class SglangBackend(HostBackend):
                 built = await self._private_build(handle, plan, allow_fallback, ())
                 if built.path is Path.splice:
                     reused, rotated = built.reused_tokens, built.rotated_tokens
-                    report = self._report(plan, Path.reprefill, reused, rotated)
+                    report = edit_report(plan, Path.reprefill, reused, rotated)
                 else:
                     report = built
             elif plan.tokens:
@@ -225,7 +225,7 @@ class SglangBackend(HostBackend):
                 )
         elif result.first_change == len(base.tokens):
             # Errata only: nothing cached moves; the next generate appends the note.
-            report = self._report(plan, Path.prefix_hit, len(base.tokens), 0)
+            report = edit_report(plan, Path.prefix_hit, len(base.tokens), 0)
         elif keeps_downstream_kv(plan):
             report = await self._private_build(handle, plan, allow_fallback, ())
         else:
@@ -339,37 +339,17 @@ class SglangBackend(HostBackend):
             rotated += out.rotated_tokens
             if out.ok and out.pending_prefill is None:
                 reason = FallbackReason(out.fallback_reason) if out.fallback_reason else None
-                return self._report(plan, Path.splice, out.reused_tokens, rotated, reason)
+                return edit_report(plan, Path.splice, out.reused_tokens, rotated, reason)
             if not out.ok or out.pending_prefill in asked:
                 reason = FallbackReason(out.fallback_reason or FallbackReason.unsupported_runtime)
                 if not allow_fallback:
                     raise SpliceUnsupportedError(reason, out.message or "prefill did not cache")
                 # The next generate re-prefills from the first change (SGLang's prefix match).
                 first = plan.result.first_change
-                return self._report(plan, Path.reprefill, first, 0, reason)
+                return edit_report(plan, Path.reprefill, first, 0, reason)
             assert out.pending_prefill is not None
             asked.add(out.pending_prefill)
             await self.link.prefill(plan.tokens[: out.pending_prefill], new_salt)
-
-    @staticmethod
-    def _report(
-        plan: EditPlan,
-        path: Path,
-        reused: int,
-        rotated: int,
-        reason: FallbackReason | None = None,
-    ) -> OpReport:
-        n = len(plan.tokens)
-        reused = min(reused, n)
-        return OpReport(
-            path,
-            plan.base.revision + 1,
-            reused_tokens=reused,
-            prefilled_tokens=n - reused,
-            rotated_tokens=rotated,
-            first_change=plan.result.first_change,
-            fallback_reason=reason,
-        )
 
 
 def _blocks(plan: EditPlan, skills: Sequence[HeldSkill]) -> list[BlockSource]:

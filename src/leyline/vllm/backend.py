@@ -21,9 +21,14 @@ from typing import Any
 from leyline.core.backend import EXECUTED_VERBS, MARKING_VERBS, SkillRegistration
 from leyline.core.batch import EditPlan, SessionView, common_prefix
 from leyline.core.errors import SpliceUnsupportedError
-from leyline.core.host_backend import HostBackend, private_namespaces
+from leyline.core.host_backend import HostBackend, edit_report, private_namespaces
 from leyline.core.report import OpReport
-from leyline.core.salted_session import SaltedSession, keeps_downstream_kv, private_namespace
+from leyline.core.salted_session import (
+    SaltedSession,
+    keeps_downstream_kv,
+    new_private_salt,
+    private_namespace,
+)
 from leyline.core.turns import Cancelled, GenerationResult, Outcome, Turn
 from leyline.protocol import (
     PROTOCOL_VERSION,
@@ -185,24 +190,24 @@ class VllmBackend(HostBackend):
             # namespace, by the request that carries the purge (protocol 3.2, 3.4).
             ran = await self._forget(handle, plan)
             reused = min(ran.cached_tokens, result.first_change) if plan.tokens else 0
-            report = _report(plan, Path.reprefill, reused, 0)
+            report = edit_report(plan, Path.reprefill, reused, 0)
             computed, tail = len(plan.tokens), None
         elif result.first_change == len(base.tokens):
             # Errata only: nothing cached moves; the next request appends the note.
-            report = _report(plan, Path.prefix_hit, len(base.tokens), 0)
+            report = edit_report(plan, Path.prefix_hit, len(base.tokens), 0)
             computed, tail = handle.computed, handle.tail
         elif not keeps_downstream_kv(plan):
             # Nothing kept past the first change (a cut of the tail, say): computed in
             # context from there, exact, so it stays in the shared namespace.
             ran = await self.runner.run(plan.tokens, PREFILL, handle.salt)
-            report = _report(plan, Path.splice, min(ran.cached_tokens, result.first_change), 0)
+            report = edit_report(plan, Path.splice, min(ran.cached_tokens, result.first_change), 0)
             computed, tail = len(plan.tokens), None
         elif self.refusal is not None:
             if not allow_fallback:
                 raise self.refusal
             ran = await self.runner.run(plan.tokens, PREFILL, handle.salt)
             reused = min(ran.cached_tokens, result.first_change)
-            report = _report(plan, Path.reprefill, reused, 0, self.refusal.reason)
+            report = edit_report(plan, Path.reprefill, reused, 0, self.refusal.reason)
             computed, tail = len(plan.tokens), None
         else:
             report, tail = await self._private_build(handle, plan, allow_fallback)
@@ -277,7 +282,7 @@ class VllmBackend(HostBackend):
                 raise SpliceUnsupportedError(reason, refused.message or "the load was refused")
             ran = await self.runner.run(plan.tokens, PREFILL, handle.salt)
             reused = min(ran.cached_tokens, plan.result.first_change)
-            return _report(plan, Path.reprefill, reused, 0, reason), None
+            return edit_report(plan, Path.reprefill, reused, 0, reason), None
         first = answers[0]
         loaded = [ran.answer.reused if ran.answer else 0 for ran in answers]
         reused = first.cached_tokens - loaded[0] + sum(loaded)
@@ -288,7 +293,7 @@ class VllmBackend(HostBackend):
             build.runs, source_end=n, dest_from=cached_end(n, self.block_size), dest_end=n - 1
         )
         tail = _load(source, tail_runs) if tail_runs else None
-        return _report(plan, Path.splice, reused, rotated, missing), tail
+        return edit_report(plan, Path.splice, reused, rotated, missing), tail
 
     async def _forget(self, handle: VllmSession, plan: EditPlan) -> Ran:
         """Purge what was derived from the forgotten tokens (protocol 3.2): past the edit
@@ -324,7 +329,7 @@ def _load(source: tuple[str | None, tuple[int, ...]], runs: Sequence[Any]) -> Or
 
 def _carrier_salt() -> str:
     """A namespace of its own for a carrier request: it shares no block with anyone."""
-    return private_namespace(VllmSession())
+    return new_private_salt()
 
 
 def _no_skills() -> LeylineError:
@@ -332,24 +337,4 @@ def _no_skills() -> LeylineError:
         ErrorCode.unsupported_verb,
         "this vLLM server does not execute compose, so it keeps no skills",
         "skill",
-    )
-
-
-def _report(
-    plan: EditPlan,
-    path: Path,
-    reused: int,
-    rotated: int,
-    reason: FallbackReason | None = None,
-) -> OpReport:
-    n = len(plan.tokens)
-    reused = min(reused, n)
-    return OpReport(
-        path,
-        plan.base.revision + 1,
-        reused_tokens=reused,
-        prefilled_tokens=n - reused,
-        rotated_tokens=rotated,
-        first_change=plan.result.first_change,
-        fallback_reason=reason,
     )
