@@ -5,9 +5,9 @@ tokenizer, and session handles whose KV the engine's cache owns (``SaltedSession
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from leyline.core.batch import EditPlan, SessionView
+from leyline.core.batch import EditPlan, SessionView, common_prefix
 from leyline.core.chat.render import BackendRenderer
 from leyline.core.report import OpReport
 from leyline.core.salted_session import SaltedSession
@@ -15,9 +15,12 @@ from leyline.protocol import ErrorCode, LeylineError
 from leyline.protocol.capabilities import Limits
 from leyline.protocol.envelope import Path
 from leyline.protocol.fallback import FallbackReason
+from leyline.protocol.spans import MessageSpan
+
+S = TypeVar("S", bound=SaltedSession)
 
 
-class HostBackend:
+class HostBackend(Generic[S]):
     def __init__(
         self,
         tokenizer: Any | None,
@@ -63,11 +66,31 @@ class HostBackend:
             return " ".join(str(t) for t in tokens)
         return str(self._tokenizer.decode(list(tokens), skip_special_tokens=False))
 
-    def view(self, handle: SaltedSession) -> SessionView:
+    def view(self, handle: S) -> SessionView:
         return handle.view
 
-    def nbytes(self, handle: SaltedSession) -> int:
+    def nbytes(self, handle: S) -> int:
         return 0  # the engine's cache owns the KV (evicted LRU); a session pins nothing
+
+    async def prefill(
+        self, handle: S, tokens: Sequence[int], spans: Sequence[MessageSpan]
+    ) -> OpReport:
+        old, new = handle.view, tuple(int(t) for t in tokens)
+        if new[: len(old.tokens)] != old.tokens:
+            handle.realigned(old.tokens, new)
+        await self.cache_prompt(handle, new)
+        handle.cached(new)
+        shared = common_prefix(old.tokens, new)
+        revision = old.revision if new == old.tokens else old.revision + 1
+        handle.view = SessionView(new, revision, tuple(spans))
+        # Nothing reused (a fresh session) is a prefill, not a hit.
+        path = Path.prefix_hit if shared == len(old.tokens) and shared > 0 else Path.reprefill
+        return OpReport(path, revision, shared, len(new) - shared, first_change=shared)
+
+    async def cache_prompt(self, handle: S, tokens: tuple[int, ...]) -> None:
+        """Have the engine compute and cache ``tokens`` where ``handle``'s KV is (none: a
+        no-op)."""
+        raise NotImplementedError
 
 
 def private_namespaces(handle: SaltedSession) -> list[tuple[str, tuple[int, ...]]]:

@@ -41,7 +41,6 @@ from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 from leyline.protocol.resolve import SkillTokens
 from leyline.protocol.resources import SkillInfo
-from leyline.protocol.spans import MessageSpan
 from leyline.sglang.link import (
     BlockSource,
     Generator,
@@ -58,7 +57,7 @@ logger = logging.getLogger(__name__)
 LAYOUTS = ("mla", "gqa")
 
 
-class SglangBackend(HostBackend):
+class SglangBackend(HostBackend[SaltedSession]):
     """``Backend[SaltedSession]`` over one SGLang server's scheduler (``link``); a turn's
     generation is an ordinary SGLang generate (``generator``)."""
 
@@ -173,21 +172,9 @@ class SglangBackend(HostBackend):
         self._tasks.add(task)  # a task nobody references may be collected mid-run
         task.add_done_callback(self._tasks.discard)
 
-    async def prefill(
-        self, handle: SaltedSession, tokens: Sequence[int], spans: Sequence[MessageSpan]
-    ) -> OpReport:
-        old, new = handle.view, tuple(int(t) for t in tokens)
-        if new[: len(old.tokens)] != old.tokens:
-            handle.realigned(old.tokens, new)
-        if new:
-            await self.link.prefill(new, handle.salt)
-            handle.cached(new)
-        shared = common_prefix(old.tokens, new)
-        revision = old.revision if new == old.tokens else old.revision + 1
-        handle.view = SessionView(new, revision, tuple(spans))
-        # Nothing reused (a fresh session) is a prefill, not a hit.
-        path = Path.prefix_hit if shared == len(old.tokens) and shared > 0 else Path.reprefill
-        return OpReport(path, revision, shared, len(new) - shared, first_change=shared)
+    async def cache_prompt(self, handle: SaltedSession, tokens: tuple[int, ...]) -> None:
+        if tokens:
+            await self.link.prefill(tokens, handle.salt)
 
     async def execute(
         self, handle: SaltedSession, plan: EditPlan, *, allow_fallback: bool

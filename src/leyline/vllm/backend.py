@@ -42,7 +42,6 @@ from leyline.protocol import (
 from leyline.protocol.directives import Mode
 from leyline.protocol.resolve import SkillTokens
 from leyline.protocol.resources import SkillInfo
-from leyline.protocol.spans import MessageSpan
 from leyline.vllm.build import cached_end, clipped, plan_build
 from leyline.vllm.link import LoadSource, Order, PurgeTarget
 from leyline.vllm.runner import PREFILL, Ran, Runner
@@ -65,7 +64,7 @@ class VllmSession(SaltedSession):
     next request that extends the built sequence."""
 
 
-class VllmBackend(HostBackend):
+class VllmBackend(HostBackend[VllmSession]):
     """``Backend[VllmSession]`` over one vLLM engine (``runner``)."""
 
     def __init__(
@@ -161,21 +160,10 @@ class VllmBackend(HostBackend):
         except Exception:  # the session is gone either way; vLLM's LRU takes the blocks
             logger.exception("purging a closed session's private namespace failed")
 
-    async def prefill(
-        self, handle: VllmSession, tokens: Sequence[int], spans: Sequence[MessageSpan]
-    ) -> OpReport:
-        old, new = handle.view, tuple(int(t) for t in tokens)
-        if new[: len(old.tokens)] != old.tokens:
-            handle.realigned(old.tokens, new)
-        if new:
-            await self.runner.run(new, PREFILL, handle.salt)
-            handle.cached(new)
-        handle.computed, handle.tail = len(new), None
-        shared = common_prefix(old.tokens, new)
-        revision = old.revision if new == old.tokens else old.revision + 1
-        handle.view = SessionView(new, revision, tuple(spans))
-        path = Path.prefix_hit if shared == len(old.tokens) and shared > 0 else Path.reprefill
-        return OpReport(path, revision, shared, len(new) - shared, first_change=shared)
+    async def cache_prompt(self, handle: VllmSession, tokens: tuple[int, ...]) -> None:
+        if tokens:
+            await self.runner.run(tokens, PREFILL, handle.salt)
+        handle.computed, handle.tail = len(tokens), None
 
     async def execute(
         self, handle: VllmSession, plan: EditPlan, *, allow_fallback: bool
