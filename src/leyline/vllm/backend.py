@@ -50,6 +50,18 @@ logger = logging.getLogger(__name__)
 
 RESERVED_SALT_PREFIX = "leyline-"
 """Salts the backend mints for private namespaces; no client may name one."""
+
+
+def reserved_salt_error() -> LeylineError:
+    """What a request naming a reserved ``cache_salt`` gets (a session or a plain body)."""
+    return LeylineError(
+        ErrorCode.invalid_directive,
+        f"cache_salt values starting with {RESERVED_SALT_PREFIX!r} are reserved for "
+        "the server's private namespaces",
+        "cache_salt",
+    )
+
+
 CARRIER = (0,)
 """The prompt of a request that only carries an order (a purge with nothing to prefill)."""
 
@@ -131,12 +143,7 @@ class VllmBackend(HostBackend[VllmSession]):
         # ``salt`` is the core's partition: the tenant, then the session's cache_salt.
         _tenant, sep, cache_salt = salt.partition("\x00")
         if sep and cache_salt.startswith(RESERVED_SALT_PREFIX):
-            raise LeylineError(
-                ErrorCode.invalid_directive,
-                f"cache_salt values starting with {RESERVED_SALT_PREFIX!r} are reserved for "
-                "the server's private namespaces",
-                "cache_salt",
-            )
+            raise reserved_salt_error()
         return VllmSession(shared_salt=cache_salt if sep else None)
 
     def close(self, handle: VllmSession) -> None:

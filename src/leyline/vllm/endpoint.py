@@ -22,13 +22,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from leyline.core.errors import SpliceUnsupportedError
 from leyline.core.route_guard import error_response, unmatched_router
 from leyline.core.routes import leyline_router
-from leyline.protocol import ErrorCode, FallbackReason, LeylineError, Limits
+from leyline.protocol import FallbackReason, Limits
 from leyline.protocol.resources import API_PREFIX
 from leyline.serve.errors import install_error_handlers
 from leyline.serve.openai_dispatch import ROUTED, LeylineDispatch, leyline_openai_app
 from leyline.serve.service import LeylineService
 from leyline.serve.settings import ServerSettings
-from leyline.vllm.backend import RESERVED_SALT_PREFIX, VllmBackend, VllmSession
+from leyline.vllm.backend import (
+    RESERVED_SALT_PREFIX,
+    VllmBackend,
+    VllmSession,
+    reserved_salt_error,
+)
 from leyline.vllm.runner import EngineRunner
 
 logger = logging.getLogger(__name__)
@@ -168,13 +173,7 @@ class ReservedSaltGuard:
             more = message["type"] == "http.request" and bool(message.get("more_body"))
         body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
         if reserved_salt(body):
-            refused = LeylineError(
-                ErrorCode.invalid_directive,
-                f"cache_salt values starting with {RESERVED_SALT_PREFIX!r} are reserved for "
-                "the server's private namespaces",
-                "cache_salt",
-            )
-            await error_response(refused)(scope, receive, send)
+            await error_response(reserved_salt_error())(scope, receive, send)
             return
         replay = iter(messages)
 
