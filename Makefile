@@ -64,7 +64,8 @@ sglang-check:
 
 # The plugin in a real SGLang 0.5.23 server on this CPU (no GPU, no sgl_kernel): one server at
 # a time on SmolLM2 (GQA) and a tiny DeepSeek-V2 (MLA), tested live over HTTP against the
-# reference engine on the same weights (tests/sglang_live; docs/sglang.md, "Live on CPU").
+# reference engine on the same weights by the live contract suite (tests/live; docs/sglang.md,
+# "Live on CPU").
 .PHONY: sglang-live-check
 sglang-live-check: setup
 	bash scripts/sglang/live_check.sh
@@ -81,7 +82,8 @@ vllm-check:
 
 # The backend in a real vLLM 0.32.0 server on this CPU: one server on SmolLM2 with the
 # plugins and the connector, tested live over HTTP against the reference engine on the same
-# weights (tests/vllm_live; MLA needs an AMX CPU or a GPU, see the script's header).
+# weights by the same live contract suite (tests/live), then the robustness eval (MLA needs an
+# AMX CPU or a GPU, see the script's header).
 .PHONY: vllm-live-check
 vllm-live-check: setup
 	bash scripts/vllm/live_check.sh

@@ -8,8 +8,8 @@
 #
 # Builds or reuses .venv-sglang (setup_env.sh), then for SmolLM2 (GQA) and a tiny random
 # DeepSeek-V2 (MLA), one at a time (a server peaks at ~3.4 GB): start a server with the
-# plugin loaded (live_server.sh), run tests/sglang_live from the main .venv against it (the
-# reference engine on the same weights), stop it; then one more tiny-MLA server with API
+# plugin loaded (live_server.sh), run the live contract suite tests/live from the main .venv
+# against it (the reference engine on the same weights), stop it; then one more tiny-MLA server with API
 # keys (LEYLINE_API_KEYS_FILE: two tenants) for the tenant test. With
 # LEYLINE_SGLANG_LIVE_EXTRA=1, two more servers on the tiny MLA model: `--page-size 4` (the
 # load, FORGET-purge and runtime tests) and `--disable-radix-cache` (the runtime test: a
@@ -29,7 +29,7 @@ t0=$SECONDS
 say() { printf '[sglang live-check %4ss] %s\n' "$((SECONDS - t0))" "$*"; }
 server=scripts/sglang/live_server.sh
 python=.venv/bin/python
-test_timeout=${LEYLINE_SGLANG_TEST_TIMEOUT:-600}
+test_timeout=${LEYLINE_SGLANG_TEST_TIMEOUT:-1500}
 extra=${LEYLINE_SGLANG_LIVE_EXTRA:-0}
 export SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=${SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY:-1}
 export SGLANG_CHECK_KV_PAGE_INVARIANTS=${SGLANG_CHECK_KV_PAGE_INVARIANTS:-1}
@@ -72,25 +72,8 @@ for model in smollm2 tiny-mla-v2; do
   say "    $model: ${dirs[$model]}"
 done
 
-# report FIGURES_JSONL: the measured lines, one per check.
-report() {
-  "$python" - "$1" <<'EOF'
-import json, sys
-
-for line in open(sys.argv[1]):
-    f = json.loads(line)
-    check = f.pop("check")
-    delta = f.pop("max_delta_logprob", None)
-    same = f.pop("same_edit_max_delta_logprob", None)
-    if delta is not None and not f.keys() - {"tokens", "span", "response"}:
-        extra = f"  (same edit: {same:.1e})" if same is not None else ""
-        print(f"    max |Δ logprob| {delta:.1e}  {check}{extra}")
-        continue
-    if delta is not None:
-        f["max_delta_logprob"] = f"{delta:.1e}"
-    print(f"    {check}: " + ", ".join(f"{k} {v}" for k, v in f.items()))
-EOF
-}
+# report FIGURES_JSONL: the measured lines, one row per check.
+report() { "$python" scripts/live_report.py "$1"; }
 
 # run_server NAME MODEL "LAUNCH FLAGS" TEST_PATH...: one server, the tests against it, then
 # `leyline eval robustness --base-url` with the arguments in the array `robustness`, if any.
@@ -100,7 +83,7 @@ run_server() {
   local name=$1 model=$2 flags=$3 port started=$SECONDS
   shift 3
   port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  # The test plugin in tests/sglang_live/_stubs reads this in the server; the test touches it.
+  # The test plugin in tests/live/_stubs/shims reads these in the server; the tests touch them.
   export LEYLINE_LIVE_ROTATION_OFF_FLAG=$run/$name/rotation-off
   export LEYLINE_LIVE_SHARED_SPLICE_FLAG=$run/$name/shared-splice
   # shellcheck disable=SC2086  # the launch flags are separate words
@@ -109,8 +92,8 @@ run_server() {
     return 0
   fi
   say "    ${*#tests/} against $name"
-  if ! LEYLINE_SGLANG_URL=http://127.0.0.1:$port LEYLINE_SGLANG_MODEL=${dirs[$model]} \
-    LEYLINE_SGLANG_REPORT=$run/$name/figures.jsonl \
+  if ! LEYLINE_LIVE_BACKEND=sglang LEYLINE_LIVE_URL=http://127.0.0.1:$port \
+    LEYLINE_LIVE_MODEL=${dirs[$model]} LEYLINE_LIVE_REPORT=$run/$name/figures.jsonl \
     timeout "$test_timeout" "$python" -m pytest -q -p no:cacheprovider "$@"; then
     failed+=("$name (tests)")
     tail -n 30 "$run/$name/server.log" | sed 's/^/    server.log: /'
@@ -132,9 +115,9 @@ run_server() {
 say "3/3 one live server per run, the live tests against each"
 # SmolLM2 (a real model): every check, cross-session against transformers on the weights.
 robustness=(--model-dir "${dirs[smollm2]}")
-run_server smollm2 smollm2 "" tests/sglang_live
+run_server smollm2 smollm2 "" tests/live
 robustness=()
-run_server tiny-mla-v2 tiny-mla-v2 "" tests/sglang_live
+run_server tiny-mla-v2 tiny-mla-v2 "" tests/live
 # Tenants: the plugin with API keys (two tenants), its own small run; the suite's checks
 # but cross-session (random weights: their top-20 is too flat to compare by membership).
 mkdir -p "$run/tenants"
@@ -144,14 +127,14 @@ printf 'alpha %s\nbravo %s\n' "$alpha" "$bravo" >"$run/tenants/keys"
 export LEYLINE_API_KEYS_FILE=$run/tenants/keys
 robustness=(--api-key "$alpha" --api-key-b "$bravo"
   --checks fuzz,lost_updates,redaction,cross_tenant,cross_salt)
-run_server tenants tiny-mla-v2 "" tests/sglang_live/test_tenants.py
+run_server tenants tiny-mla-v2 "" tests/live/test_tenants.py
 robustness=()
 unset LEYLINE_API_KEYS_FILE
 if [[ $extra == 1 ]]; then
-  run_server tiny-mla-v2-page4 tiny-mla-v2 "--page-size 4" tests/sglang_live/test_load.py \
-    tests/sglang_live/test_forget_purge.py tests/sglang_live/test_runtime.py
+  run_server tiny-mla-v2-page4 tiny-mla-v2 "--page-size 4" tests/live/test_load.py \
+    tests/live/test_forget_purge.py tests/live/test_runtime.py
   run_server tiny-mla-v2-no-radix tiny-mla-v2 "--disable-radix-cache" \
-    tests/sglang_live/test_runtime.py
+    tests/live/test_runtime.py
 fi
 
 if ((${#failed[@]})); then

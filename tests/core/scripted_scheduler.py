@@ -7,7 +7,7 @@ held. A splice needs the old sequence cached, all but a generation's last token 
 for a prefill, as the real executor does) except a composed block's tokens past its seam
 that the tree holds for its skill; FORGET drops every cached sequence of the namespace that
 runs past the edit point. The real scheduler side runs against SGLang's own classes in
-``tests/sglang`` and live in ``tests/sglang_live``; this one only drives the backend's own
+``tests/sglang`` and live in ``tests/live``; this one only drives the backend's own
 logic.
 """
 

@@ -3,7 +3,7 @@
 The reference engine runs its turns in its model scheduler (``EngineBackend.run_turn``,
 real SmolLM2, generations batched); SGLang's (``SglangBackend.run_turn``) runs the edit in a
 scripted scheduler and generates with a scripted generator (``scripted_scheduler``: same
-ids every time, labelled as such; the live server is ``tests/sglang_live/test_chat.py``).
+ids every time, labelled as such; the live server is ``tests/live/test_chat.py``).
 What the service promises must hold on both: the report says what ran, the session holds
 the prompt and the reply, and a rejected request changes nothing.
 """

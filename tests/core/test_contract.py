@@ -2,7 +2,7 @@
 
 Each test runs twice: on the reference engine (real SmolLM2 weights) and on the SGLang
 backend over a scripted scheduler (``scripted_scheduler``; SGLang's real classes are in
-``tests/sglang``, a live server in ``tests/sglang_live``). A rule that lives in the core
+``tests/sglang``, a live server in ``tests/live``). A rule that lives in the core
 (revisions, spans, limits, tenants, nothing created or changed by a rejected request)
 must hold on both; the old SGLang service without a revision check fails these tests.
 """

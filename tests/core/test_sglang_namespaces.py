@@ -5,7 +5,7 @@ lives in SGLang's namespace of that salt (shared with every request that carries
 first splice that keeps downstream KV, or the first compose, moves the session to a
 namespace of its own (that KV is not a prefill of its tokens), where every later write and
 generate goes; a forget after that purges both; closing the session purges its own.
-SGLang's real tree is in ``tests/sglang``, and the live server's in ``tests/sglang_live``.
+SGLang's real tree is in ``tests/sglang``, and the live server's in ``tests/live``.
 """
 
 from __future__ import annotations

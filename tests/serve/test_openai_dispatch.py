@@ -1,7 +1,7 @@
 """The SGLang plugin's dispatch of OpenAI requests, as ASGI (no SGLang needed): a body with a
 top-level ``leyline`` key goes to the plugin's app, anything else to SGLang's, byte for byte;
 an oversized body is refused with the protocol's error. The live server runs the same
-middleware in ``tests/sglang_live/test_chat.py``."""
+middleware in ``tests/live/test_chat.py``."""
 
 from __future__ import annotations
 

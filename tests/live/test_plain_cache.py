@@ -1,13 +1,14 @@
-"""The SDK's fallback path against a real plain OpenAI-compatible server: SGLang's own route.
+"""The SDK's fallback path against a real plain OpenAI-compatible server: the host's own route.
 
 The client sees the live server as a plain one (an HTTP transport that answers 404 for
-every ``/leyline`` path, as SGLang without the plugin would), so the wrapper sends edited
-messages with no directives and SGLang's radix cache does what it can. SGLang reports the
-prompt tokens it found cached (``--enable-cache-report``, set by live_server.sh). One
-debugging trajectory is replayed under three policies: none, ``clear_tool_uses`` (clears in
-one batch when its trigger crosses, stubs byte-stable) and ``truncate:keep_last=2`` (a stub
-every turn). The batch clearer must keep SGLang's prefix cache hitting far better than the
-per-turn truncation, which moves the first changed token every turn.
+every ``/leyline`` path, as the host without Leyline would), so the wrapper sends edited
+messages with no directives and the host's prefix cache does what it can. The host reports
+the prompt tokens it found cached (SGLang with ``--enable-cache-report``, vLLM with
+``--enable-prompt-tokens-details``, both set by the live scripts). One debugging trajectory
+is replayed under three policies: none, ``clear_tool_uses`` (clears in one batch when its
+trigger crosses, stubs byte-stable) and ``truncate:keep_last=2`` (a stub every turn). The
+batch clearer must keep the host's prefix cache hitting far better than the per-turn
+truncation, which moves the first changed token every turn.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class PlainView(httpx.BaseTransport):
 
 def _episode(policy: str | None) -> dict[str, Any]:
     base = openai.OpenAI(
-        base_url=os.environ["LEYLINE_SGLANG_URL"] + "/v1",
+        base_url=os.environ["LEYLINE_LIVE_URL"] + "/v1",
         api_key="none",
         http_client=httpx.Client(transport=PlainView(), timeout=600),
     )
@@ -73,7 +74,7 @@ def test_batch_clearing_keeps_a_plain_prefix_cache_hitting(report_path: Path | N
         "truncate": _episode("truncate:keep_last=2"),
     }
     for name, figures in runs.items():
-        record(report_path, check=f"plain SGLang prefix cache: {name}", **figures)
+        record(report_path, check=f"plain prefix cache: {name}", **figures)
     hit = {name: figures["hit_rate"] for name, figures in runs.items()}
     assert hit["none"] > hit["clear_tool_uses"] > hit["truncate"], hit
     assert runs["clear_tool_uses"]["prompt_tokens"] < runs["none"]["prompt_tokens"]

@@ -1,11 +1,14 @@
-"""SGLang's own forward on the KV the plugin built vs the reference engine on the same weights.
+"""The server's own forward on the KV the backend built vs the reference engine on the same
+weights.
 
-Each check: a session on the live server, an edit through ``/leyline/v1``, then SGLang's
+Each check: a session on the live server, an edit through ``/leyline/v1``, then the server's
 generate of the session's tokens (one greedy token, top-20 logprobs): a completion turn on
-the session once it spliced (its KV is then in a namespace of its own), else ``/generate``.
-The reference engine prefills the same tokens and applies the same edit; both run in fp32, so the
-next-token logprobs must agree to ``TOLERANCE``. The negative control switches the plugin's
-rotation off (tests/sglang_live/_stubs/leyline_live_shims.py) and must disagree.
+the session once it spliced (its KV is then in a namespace of its own), else a plain
+request. The reference engine prefills the same tokens and applies the same edit as the
+backend builds it (``_built``); both run in fp32, so the next-token logprobs must agree to
+``TOLERANCE``. Two negative controls: the same distribution against a fresh prefill of the
+edited tokens must disagree (kept KV is told from a recomputation), and with the backend's
+rotation switched off (tests/live/_stubs/shims) the splice must disagree with the reference.
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ from ._live import (
     TOLERANCE,
     Generated,
     apply,
+    built_logprobs,
     create_session,
     directive,
     edited_session,
+    floor_page,
     generate,
     max_delta,
+    plain_hit,
     prompt_text,
     record,
     reference_logprobs,
@@ -52,19 +58,37 @@ class Spliced:
     """The session's tokens before the splice."""
     edit: Edit
     got: Generated
-    """SGLang's generate after the splice."""
+    """The session's turn after the splice."""
     response: dict[str, Any]
+
+    @property
+    def new(self) -> list[int]:
+        """The session's tokens after the splice."""
+        e = self.edit
+        return self.tokens[: e.start] + list(e.replacement) + self.tokens[e.end :]
 
     def facts(self) -> dict[str, Any]:
         span = [self.edit.start, self.edit.end]
         return {"tokens": len(self.tokens), "span": span, "response": self.response}
 
 
-def _splice(server: httpx.Client, reference: Engine, tag: str, replacement_text: str) -> Spliced:
-    """Splice the middle of a fresh session on the server, then generate after it."""
+def _splice(
+    server: httpx.Client,
+    reference: Engine,
+    page: int,
+    tag: str,
+    replacement_text: str,
+    aligned: bool = False,
+) -> Spliced:
+    """Splice the middle of a fresh session on the server, then generate after it.
+    ``aligned``: the session holds whole pages and the replacement ends on a page boundary
+    (on vLLM, no block to cache whole first); else neither."""
     tokens = list(reference.encode(prompt_text(tag)))
-    start = len(tokens) // 3
     replacement = list(reference.encode(replacement_text)) if replacement_text else []
+    start = len(tokens) // 3
+    if aligned:
+        tokens = tokens[: floor_page(len(tokens), page)]
+        start = floor_page(len(tokens) // 3 + len(replacement), page) - len(replacement)
     edit = Edit(start, start + CUT, tuple(replacement))
     session, base, body = edited_session(server, tokens, [directive(edit)])
     assert body["path"] == "splice" and body["fallback_reason"] is None, body
@@ -72,14 +96,14 @@ def _splice(server: httpx.Client, reference: Engine, tag: str, replacement_text:
     new, revision = session_tokens(server, session)
     assert new == tokens[:start] + replacement + tokens[edit.end :] and revision == base + 1
     got = session_generate(server, session, new)
-    assert got.cached_tokens == len(new) - 1, "the spliced sequence should hit the cache"
+    assert got.cached_tokens >= plain_hit(len(new), page), "the spliced sequence should hit"
     return Spliced(tokens, edit, got, body)
 
 
 def test_prefill_matches_reference(
     server: httpx.Client, reference: Engine, report_path: Path | None
 ) -> None:
-    """The noise floor: no edit, SGLang's prefill vs the reference's."""
+    """The noise floor: no edit, the server's prefill vs the reference's."""
     tokens = list(reference.encode(prompt_text("prefill")))
     got = generate(server, tokens)
     delta = max_delta(got.top, reference_logprobs(reference, tokens))
@@ -88,40 +112,53 @@ def test_prefill_matches_reference(
 
 
 @pytest.mark.parametrize(
-    ("kind", "replacement"), [("cut", ""), ("replace", STUB)], ids=["cut", "replacement"]
+    ("kind", "replacement", "aligned"),
+    [("cut", "", True), ("replace", STUB, True), ("cut", "", False), ("replace", STUB, False)],
+    ids=["cut-aligned", "replacement-aligned", "cut", "replacement"],
 )
 def test_splice_matches_reference_splice(
-    server: httpx.Client, reference: Engine, report_path: Path | None, kind: str, replacement: str
+    server: httpx.Client,
+    reference: Engine,
+    page: int,
+    report_path: Path | None,
+    kind: str,
+    replacement: str,
+    aligned: bool,
 ) -> None:
-    """A cut (no replacement): every downstream token's KV is rotated, none recomputed.
-    With a replacement, it is prefilled by an ordinary generate of ``new[:end of the
-    replacement]``; every downstream token keeps its old KV, rotated. Either way equal to
-    the reference's splice of the same edit."""
-    s = _splice(server, reference, f"splice-{kind}", replacement)
-    delta = max_delta(s.got.top, reference_logprobs(reference, s.tokens, [s.edit]))
-    record(report_path, check=f"splice ({kind})", max_delta_logprob=delta, **s.facts())
+    """A cut (no replacement): the downstream tokens' KV is rotated. With a replacement, it
+    is prefilled in context first; the downstream tokens keep their old KV, rotated. Either
+    way equal to the reference's splice of the same edit (protocol 3.1), whether or not the
+    edit and the session line up with the cache's pages. The control: a fresh prefill of the
+    edited tokens is far from it, so the bound tells kept KV from a recomputation."""
+    s = _splice(server, reference, page, f"splice-{kind}", replacement, aligned)
+    delta = max_delta(s.got.top, built_logprobs(reference, s.tokens, [s.edit]))
+    control = max_delta(s.got.top, reference_logprobs(reference, s.new))
+    record(
+        report_path, check=f"splice ({kind}{', page-aligned' if aligned else ''})",
+        max_delta_logprob=delta, vs_fresh_prefill=control, **s.facts(),
+    )  # fmt: skip
     assert delta <= TOLERANCE
+    assert control > 10 * TOLERANCE, "the splice reads as a prefill: the check cannot fail"
 
 
 def test_tokens_appended_after_a_splice_see_its_last_token_recomputed(
-    server: httpx.Client, reference: Engine, report_path: Path | None
+    server: httpx.Client, reference: Engine, page: int, report_path: Path | None
 ) -> None:
     """Protocol 3.1: a moved last token is recomputed in its new context before anything
-    follows it, also when the next request appends. The plugin leaves that token out of the
-    tree, so the generate of the longer prompt computes it; equal to the reference."""
-    from leyline.engine.session import SessionCache
+    follows it, also when the next request appends (SGLang leaves it out of its tree, so the
+    longer prompt's generate computes it; vLLM's build computed it and the turn loads it):
+    the distribution after the appended tokens equals the reference's."""
+    from ._built import built_session
 
     tokens = list(reference.encode(prompt_text("splice-append")))
     edit = Edit(len(tokens) // 3, len(tokens) // 3 + CUT, ())
     session, _, body = edited_session(server, tokens, [directive(edit)])
-    assert body["path"] == "splice", body
+    assert body["path"] == "splice" and body["fallback_reason"] is None, body
     new, _ = session_tokens(server, session)
     more = new + list(reference.encode(" Answer in one word:"))
     got = session_generate(server, session, more)
-    assert got.cached_tokens == len(new) - 1, "the moved last token must be recomputed"
-    ref = SessionCache(reference)
-    ref.prefill(tokens)
-    ref.apply_edits([edit])
+    assert plain_hit(len(new), page) <= got.cached_tokens <= len(new), got.report
+    ref = built_session(reference, tokens, [edit])
     ref.prefill(more)
     delta = max_delta(got.top, torch.log_softmax(ref.next_token_logits().double(), -1))
     record(report_path, check="splice, then tokens appended", max_delta_logprob=delta)
@@ -147,7 +184,7 @@ def test_forget_matches_fresh_prefill(
     assert max_delta(got.top, forgot) <= TOLERANCE  # the reference's forget is a re-prefill
 
 
-def test_identity_edit_changes_nothing(server: httpx.Client, reference: Engine) -> None:
+def test_identity_edit_changes_nothing(server: httpx.Client, reference: Engine, page: int) -> None:
     tokens = list(reference.encode(prompt_text("identity")))
     session, base = create_session(server, tokens)
     before = generate(server, tokens)
@@ -157,22 +194,22 @@ def test_identity_edit_changes_nothing(server: httpx.Client, reference: Engine) 
     assert reply.status_code == 200, reply.text
     assert session_tokens(server, session)[0] == tokens
     after = generate(server, tokens)
-    assert after.cached_tokens == len(tokens) - 1
+    assert after.cached_tokens == plain_hit(len(tokens), page)
     assert after.top == before.top  # the same cached KV, the same last-token forward
 
 
 def test_rotation_off_fails_the_comparison(
-    server: httpx.Client, reference: Engine, report_path: Path | None
+    server: httpx.Client, reference: Engine, page: int, report_path: Path | None
 ) -> None:
-    """Negative control: with the plugin's rotation switched off, the splice must disagree
+    """Negative control: with the backend's rotation switched off, the splice must disagree
     with the reference. Passing only with the switch in place shows the comparison can fail."""
     how = (
-        "start the server with it (and tests/sglang_live/_stubs on its PYTHONPATH, as "
+        "start the server with it (and tests/live/_stubs/shims on its PYTHONPATH, as "
         "live_server.sh does) and pass the same value here"
     )
     with switched_on(ROTATION_OFF_FLAG, how):
-        s = _splice(server, reference, "rotation-off", "")
-    delta = max_delta(s.got.top, reference_logprobs(reference, s.tokens, [s.edit]))
+        s = _splice(server, reference, page, "rotation-off", "", aligned=True)
+    delta = max_delta(s.got.top, built_logprobs(reference, s.tokens, [s.edit]))
     check = "splice (cut), rotation OFF: must fail"
     record(report_path, check=check, max_delta_logprob=delta, **s.facts())
     assert delta > 10 * TOLERANCE, (

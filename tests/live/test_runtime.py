@@ -8,10 +8,14 @@ from __future__ import annotations
 import random
 
 import httpx
+import pytest
 
 from leyline.protocol.envelope import LeylineResponse
 
 from ._live import apply, edited_session, generate_ids, session_tokens
+
+# SGLang's radix-cache switch (/server_info).
+pytestmark = pytest.mark.backends("sglang")
 
 
 def test_splice_and_forget_are_answered_as_the_runtime_allows(server: httpx.Client) -> None:

@@ -1,18 +1,18 @@
-"""The plugin's ``/leyline/v1`` resources on a live server, and ``leyline conformance``."""
+"""The backend's ``/leyline/v1`` resources on a live server, and ``leyline conformance``."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import uuid
 from typing import TYPE_CHECKING
 
 import httpx
+import pytest
 
 from leyline.protocol.resources import Routes
 
-from ._live import apply, create_session, prompt_text, session_tokens
+from ._live import apply, create_session, generate, plain_hit, prompt_text, session_tokens
 
 if TYPE_CHECKING:
     from leyline.engine.engine import Engine
@@ -46,18 +46,15 @@ def test_stale_revision_is_409(server: httpx.Client, reference: Engine) -> None:
 
 
 def _cached(server: httpx.Client, tokens: list[int], salt: str | None) -> int:
-    """How many prompt tokens a plain ``/generate`` (with SGLang's ``cache_salt``) found."""
-    body = {"input_ids": tokens, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-    reply = server.post("/generate", json=body | ({"cache_salt": salt} if salt else {}))
-    assert reply.status_code == 200, reply.text
-    return int(reply.json()["meta_info"]["cached_tokens"])
+    """How many prompt tokens a plain request (with the host's ``cache_salt``) found."""
+    return generate(server, tokens, salt).cached_tokens
 
 
-def test_a_cache_salt_partitions_the_tree_as_sglangs_own(
-    server: httpx.Client, reference: Engine
+def test_a_cache_salt_partitions_the_cache_as_the_hosts_own(
+    server: httpx.Client, reference: Engine, page: int
 ) -> None:
     """A session made with a ``cache_salt`` shares its KV with the requests that carry the
-    same salt (SGLang's own ``/generate`` included) and with nobody else."""
+    same salt (the host's own plain route included) and with nobody else."""
     assert server.get(Routes.capabilities).json()["cache_salt"] is True
     # Four random leading ids: no other prompt's path in the public tree starts this way.
     lead = [int(uuid.uuid4().int % 40_000) + 1_000 for _ in range(4)]
@@ -67,12 +64,20 @@ def test_a_cache_salt_partitions_the_tree_as_sglangs_own(
     assert reply.status_code == 201, reply.text
     assert _cached(server, tokens, None) <= 1  # a leading id may coincide, not two
     assert _cached(server, tokens, f"{salt}-other") == 0
-    assert _cached(server, tokens, salt) == len(tokens) - 1
+    assert _cached(server, tokens, salt) == plain_hit(len(tokens), page)
 
 
-def test_conformance() -> None:
+@pytest.mark.backends("vllm")
+def test_capabilities_leave_compose_out(server: httpx.Client) -> None:
+    """COMPOSE is not built on vLLM: capabilities leave it out and skills are refused."""
+    caps = server.get(Routes.capabilities).json()
+    assert "compose" not in caps["verbs"] and "splice" in caps["verbs"], caps
+    skill = server.post(Routes.skills, json={"tokens": [1, 2, 3]})
+    assert skill.status_code >= 400 and skill.json()["error"]["code"] == "unsupported_verb"
+
+
+def test_conformance(url: str) -> None:
     """``leyline conformance URL`` itself, unchanged: every check passes."""
-    url = os.environ["LEYLINE_SGLANG_URL"]
     command = [sys.executable, "-m", "leyline.cli.main", "conformance", url]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-3000:]}"

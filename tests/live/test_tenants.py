@@ -14,10 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
+import pytest
 
 from leyline.protocol.resources import Routes
 
 from ._live import generate, prompt_text
+
+# tenants (API keys) are built on SGLang only.
+pytestmark = pytest.mark.backends("sglang")
 
 if TYPE_CHECKING:
     from leyline.engine.engine import Engine

@@ -1,6 +1,6 @@
-"""Chat on the live SGLang server: an unchanged OpenAI client gets SGLang's own route; a
-chat carrying a ``leyline`` object gets the plugin's (sessions, message-anchored
-directives, reports), and its next-token logprobs equal the reference engine's."""
+"""Chat on the live server: an unchanged OpenAI client gets the host's own route; a chat
+carrying a ``leyline`` object gets the backend's (sessions, message-anchored directives,
+reports), and its next-token logprobs equal the reference engine's."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from leyline.protocol.resources import Routes
 
 from ..serve.conversation import TOOLS, turn1
-from ._live import TOLERANCE, record
+from ._live import TOLERANCE, plain_hit, prompt_text, record
 
 if TYPE_CHECKING:
     from leyline.engine.engine import Engine
@@ -31,11 +31,11 @@ def _chat(server: httpx.Client, messages: list[dict[str, Any]], **extra: Any) ->
 
 
 def test_an_unchanged_openai_client_chats() -> None:
-    """The OpenAI SDK as any user has it, plain and streamed: SGLang answers (no leyline
+    """The OpenAI SDK as any user has it, plain and streamed: the host answers (no leyline
     report), with the plugin loaded."""
     import openai
 
-    client = openai.OpenAI(base_url=os.environ["LEYLINE_SGLANG_URL"] + "/v1", api_key="none")
+    client = openai.OpenAI(base_url=os.environ["LEYLINE_LIVE_URL"] + "/v1", api_key="none")
     messages: Any = [{"role": "user", "content": "Name a colour in one word."}]
     plain = client.chat.completions.create(
         model="default", messages=messages, max_tokens=6, temperature=0
@@ -43,7 +43,7 @@ def test_an_unchanged_openai_client_chats() -> None:
     assert isinstance(plain.choices[0].message.content, str)  # a random model may say ""
     assert plain.usage is not None and plain.usage.prompt_tokens > 0
     assert plain.usage.completion_tokens >= 1
-    assert "leyline" not in (plain.model_extra or {})  # SGLang's route, not the plugin's
+    assert "leyline" not in (plain.model_extra or {})  # the host's route, not the plugin's
     chunks = client.chat.completions.create(
         model="default", messages=messages, max_tokens=6, temperature=0, stream=True
     )
@@ -52,14 +52,15 @@ def test_an_unchanged_openai_client_chats() -> None:
 
 
 def test_chat_with_an_anchored_splice_matches_the_reference(
-    server: httpx.Client, reference: Engine, report_path: Path | None
+    server: httpx.Client, reference: Engine, page: int, report_path: Path | None
 ) -> None:
     """Turn 1 creates the session; turn 2 comes back as an extension (a prefix hit); turn 3
     splices the tool output by message anchor in the same request and asks with logprobs:
-    the plugin reports a splice, and the distribution equals the reference engine's."""
-    from leyline.engine.session import SessionCache
-    from leyline.protocol import SpliceDirective
-    from leyline.protocol.spans import MessageSpan
+    the backend reports a splice, and the distribution equals the reference engine's splice
+    of the same span, as the backend builds it (``_built``)."""
+    from leyline.protocol.algebra import Edit
+
+    from ._built import built_session
 
     sid = f"chat-{uuid.uuid4().hex[:8]}"
     messages = turn1()
@@ -67,11 +68,12 @@ def test_chat_with_an_anchored_splice_matches_the_reference(
     assert first["leyline"]["session"] == sid
     messages += [
         {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
-        {"role": "user", "content": "Answer in one word."},
+        # A long second question: the splice then keeps whole blocks of it downstream.
+        {"role": "user", "content": prompt_text("chat", lines=12) + " Answer in one word."},
     ]
     second = _chat(server, messages, tools=TOOLS, leyline={"session": sid})
     assert second["leyline"]["path"] == "prefix_hit", second["leyline"]
-    assert second["leyline"]["reused_tokens"] >= first["usage"]["prompt_tokens"] - 1
+    assert second["leyline"]["reused_tokens"] >= plain_hit(first["usage"]["prompt_tokens"], page)
 
     before = server.get(Routes.session.format(session=sid), params={"tokens": "true"}).json()
     directive = {"verb": "splice", "span": {"message": 3, "part": "content"}, "replacement": STUB}
@@ -87,19 +89,15 @@ def test_chat_with_an_anchored_splice_matches_the_reference(
     )  # fmt: skip
     ley = third["leyline"]
     assert ley["path"] == "splice" and ley["fallback_reason"] is None, ley | {"spans": None}
-    downstream = before["num_tokens"] - before["spans"][3]["content"]["end"]
-    # All of it but the last generated token, whose KV SGLang never computed.
+    span = before["spans"][3]["content"]
+    downstream = before["num_tokens"] - span["end"]
+    # All of it but the last generated token, whose KV the server never computed.
     assert downstream - 1 <= ley["rotated_tokens"] <= downstream, ley
     after = server.get(Routes.session.format(session=sid), params={"tokens": "true"}).json()
     assert after["revision"] == ley["revision"] > before["revision"]
 
-    session = SessionCache(reference)
-    session.prefill(
-        before["tokens"], spans=[MessageSpan.model_validate(s) for s in before["spans"]]
-    )
-    session.apply_directives(
-        [SpliceDirective.model_validate(directive)], base_revision=session.revision
-    )
+    stub = list(reference.encode(STUB))
+    edit = Edit(span["start"], span["end"], tuple(stub))
     # The prompt the server ran: the render of the messages, except that a reply sent back
     # as it was generated keeps its generated ids (they may not be what rendering gives).
     prompt = after["tokens"][: third["usage"]["prompt_tokens"]]
@@ -108,6 +106,8 @@ def test_chat_with_an_anchored_splice_matches_the_reference(
     ).json()["tokens"]
     detok = server.post(Routes.detokenize, json={"tokens": prompt}).json()["text"]
     assert detok == server.post(Routes.detokenize, json={"tokens": rendered}).json()["text"]
+    assert prompt[span["start"] : span["start"] + len(stub)] == stub  # the edit, as tokens
+    session = built_session(reference, before["tokens"], [edit])
     session.prefill(prompt)
     expected = torch.log_softmax(session.next_token_logits().double(), -1)
     top = third["choices"][0]["logprobs"]["content"][0]["top_logprobs"]

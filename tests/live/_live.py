@@ -8,7 +8,6 @@ import os
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,12 +19,23 @@ from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
 from leyline.protocol.resources import Routes
 
+from ._built import built_session
+from ._plain import (
+    BACKEND,
+    TOP,
+    Generated,
+    floor_page,
+    generate,
+    generate_ids,
+    page_size,
+    plain_hit,
+)
+
 if TYPE_CHECKING:
     from leyline.engine.engine import Engine
 
-TOP = 20
 TOLERANCE = 1e-3
-"""max |Δ logprob| between SGLang and the reference engine, both fp32."""
+"""max |Δ logprob| between the live server and the reference engine, both fp32."""
 
 _LINES = [
     "The build of service {i} failed at step {j}: the linker could not find libfoo.so.",
@@ -42,16 +52,6 @@ def prompt_text(tag: str, lines: int = 16) -> str:
     head = f"Run {uuid.uuid4().hex[:8]}, check {tag}. The agent reads its log:\n"
     body = "\n".join(_LINES[i % len(_LINES)].format(i=i, j=7 * i + 3) for i in range(lines))
     return head + body + "\nQuestion: which step failed first? Answer:"
-
-
-@dataclass(frozen=True, slots=True)
-class Generated:
-    top: dict[int, float]
-    """SGLang's top-20 next-token logprobs, token id -> logprob."""
-    cached_tokens: int
-    prompt_tokens: int
-    report: dict[str, Any] | None = None
-    """The turn's ``leyline`` report (``session_generate`` only)."""
 
 
 def create_session(server: httpx.Client, tokens: Sequence[int]) -> tuple[str, int]:
@@ -96,23 +96,6 @@ def apply(
     )
 
 
-def generate(server: httpx.Client, tokens: Sequence[int]) -> Generated:
-    """SGLang's own ``/generate``, one greedy token: logprobs are log_softmax of the logits."""
-    reply = server.post(
-        "/generate",
-        json={
-            "input_ids": list(tokens),
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-            "return_logprob": True,
-            "top_logprobs_num": TOP,
-        },
-    )
-    assert reply.status_code == 200, reply.text
-    meta = reply.json()["meta_info"]
-    top = {int(tok): float(lp) for lp, tok, _text in meta["output_top_logprobs"][0]}
-    return Generated(top, int(meta["cached_tokens"]), int(meta["prompt_tokens"]))
-
-
 def session_generate(server: httpx.Client, session: str, tokens: Sequence[int]) -> Generated:
     """A completion turn on ``session`` with ``tokens`` as its prompt (one greedy token,
     top-20 logprobs): the session's own distribution. After a splice or a compose the
@@ -144,35 +127,6 @@ def session_generate(server: httpx.Client, session: str, tokens: Sequence[int]) 
     return Generated(top, int(report["reused_tokens"]), len(tokens), report)
 
 
-def generate_ids(
-    server: httpx.Client, tokens: Sequence[int], max_new_tokens: int
-) -> tuple[list[int], int]:
-    """SGLang's ``/generate`` of ``max_new_tokens`` greedy tokens: their ids, and how many
-    prompt tokens it found cached. SGLang then caches the prompt and all but the last output
-    token (whose KV was never computed)."""
-    reply = server.post(
-        "/generate",
-        json={
-            "input_ids": list(tokens),
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0},
-        },
-    )
-    assert reply.status_code == 200, reply.text
-    body = reply.json()
-    return [int(t) for t in body["output_ids"]], int(body["meta_info"]["cached_tokens"])
-
-
-def page_size(server: httpx.Client) -> int:
-    """The server's ``--page-size`` (SGLang's ``/server_info``)."""
-    reply = server.get("/server_info")
-    assert reply.status_code == 200, reply.text
-    return int(reply.json()["page_size"])
-
-
-def floor_page(n: int, page: int) -> int:
-    return n - n % page
-
-
 def reference_logprobs(
     engine: Engine, tokens: Sequence[int], edits: Sequence[Edit] = ()
 ) -> torch.Tensor:
@@ -201,13 +155,23 @@ def reference_compose_logprobs(
     return torch.log_softmax(session.next_token_logits().double(), -1)
 
 
+def built_logprobs(
+    engine: Engine, tokens: Sequence[int], edits: Sequence[Edit], fallback: str | None = None
+) -> torch.Tensor:
+    """The reference engine's next-token logprobs for what the live backend built when
+    ``edits`` applied to ``tokens`` and it reported ``fallback`` (``_built``: the definition
+    when it reports none), float64."""
+    session = built_session(engine, tokens, edits, fallback)
+    return torch.log_softmax(session.next_token_logits().double(), -1)
+
+
 def max_delta(top: dict[int, float], reference: torch.Tensor) -> float:
-    """max |Δ logprob| over SGLang's top-20 tokens against the reference's full vector."""
+    """max |Δ logprob| over the server's top-20 tokens against the reference's full vector."""
     return max(abs(lp - float(reference[tok])) for tok, lp in top.items())
 
 
 def record(path: Path | None, **figures: Any) -> None:
-    """Append one measured line to the run's report (printed by make sglang-live-check)."""
+    """Append one measured line to the run's report (printed by the live checks)."""
     if path is not None:
         with path.open("a") as f:
             f.write(json.dumps(figures) + "\n")
@@ -215,7 +179,7 @@ def record(path: Path | None, **figures: Any) -> None:
 
 @contextmanager
 def switched_on(variable: str, how: str) -> Iterator[None]:
-    """A negative control's switch in the live shims (tests/sglang_live/_stubs): on while
+    """A negative control's switch in the live shims (tests/live/_stubs/shims): on while
     the file that the environment variable ``variable`` names exists, here and in the
     server alike. Fails, saying ``how`` to set it, when the variable is not set."""
     flag = os.environ.get(variable)
@@ -226,3 +190,11 @@ def switched_on(variable: str, how: str) -> Iterator[None]:
         yield
     finally:
         Path(flag).unlink()
+
+
+__all__ = [
+    "BACKEND", "TOLERANCE", "TOP", "Generated", "apply", "built_logprobs", "create_session",
+    "directive", "edited_session", "floor_page", "generate", "generate_ids", "max_delta",
+    "page_size", "plain_hit", "prompt_text", "record", "reference_compose_logprobs",
+    "reference_logprobs", "session_generate", "session_tokens", "switched_on",
+]  # fmt: skip

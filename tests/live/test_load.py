@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import pytest
 import torch
 
 from leyline.protocol.algebra import Edit
@@ -55,6 +56,9 @@ from ._live import (
     session_generate,
     session_tokens,
 )
+
+# SGLang's load reports (/v1/loads) and its page-size variants.
+pytestmark = pytest.mark.backends("sglang")
 
 if TYPE_CHECKING:
     from leyline.engine.engine import Engine
@@ -223,7 +227,7 @@ def _tokens(engine: Engine, text: str, n: int | None = None) -> list[int]:
 def test_concurrent_sessions_under_load(
     server: httpx.Client, reference: Engine, report_path: Path | None
 ) -> None:
-    url = os.environ["LEYLINE_SGLANG_URL"]
+    url = os.environ["LEYLINE_LIVE_URL"]
     page = page_size(server)
     shared = _tokens(reference, prompt_text("load-shared", lines=20), SHARED)
     tails = [_tokens(reference, prompt_text(f"load-tail-{i}", lines=2)) for i in range(CLIENTS)]

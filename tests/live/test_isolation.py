@@ -20,11 +20,14 @@ import pytest
 
 from leyline.protocol.algebra import Edit
 from leyline.protocol.directives import Mode
+from leyline.protocol.resources import Routes
 
 from ._live import (
     TOLERANCE,
+    built_logprobs,
     directive,
     edited_session,
+    floor_page,
     generate,
     max_delta,
     prompt_text,
@@ -81,11 +84,11 @@ def _strangers(
 
 
 def test_nobody_else_is_served_a_sessions_spliced_kv(
-    server: httpx.Client, reference: Engine, report_path: Path | None
+    server: httpx.Client, reference: Engine, page: int, report_path: Path | None
 ) -> None:
     edit, deltas, facts = _strangers(server, reference, "isolation")
     record(report_path, check="isolation: a stranger after a splice", **deltas, **facts)
-    assert facts["plain_cached"] <= edit.start, facts  # the exact prefix at most
+    assert facts["plain_cached"] <= floor_page(edit.start, page), facts  # the exact prefix
     assert deltas["plain_request"] <= TOLERANCE
     assert deltas["other_session_forget"] <= TOLERANCE
     # The splice itself is AMORTIZE-approximate: it must differ, or this proves nothing.
@@ -105,15 +108,32 @@ def test_a_deleted_sessions_namespace_serves_nobody(
     assert max_delta(plain.top, reference_logprobs(reference, new)) <= TOLERANCE
 
 
+@pytest.mark.backends("vllm")
+def test_a_plain_request_cannot_name_a_private_namespace(server: httpx.Client) -> None:
+    """The backend's private salts are reserved: a plain body or a session naming one is
+    refused (422, ``cache_salt``); any other salt passes to vLLM."""
+    salt = "leyline-session-0123456789abcdef0123456789abcdef"
+    body = {"prompt": [1, 2, 3], "max_tokens": 1, "cache_salt": salt}
+    reply = server.post("/v1/completions", json=body)
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["error"]["field"] == "cache_salt"
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "cache_salt": salt}
+    assert server.post("/v1/chat/completions", json=chat).status_code == 422
+    session = server.post(Routes.sessions, json={"tokens": [1, 2], "cache_salt": salt})
+    assert session.status_code == 422, session.text
+    assert generate(server, [1, 2, 3], salt="mine").prompt_tokens == 3
+
+
 @pytest.mark.parametrize(
     "shape",
     ["forget-then-splice", "splice-then-forget", "rewrite-and-stub"],
 )
 def test_batches_equal_their_definition(
-    server: httpx.Client, reference: Engine, report_path: Path | None, shape: str
+    server: httpx.Client, reference: Engine, page: int, report_path: Path | None, shape: str
 ) -> None:
-    """Each batch on a fresh session vs the reference engine's batch; then a stranger's
-    plain request for the result vs its exact prefill."""
+    """Each batch on a fresh session vs the reference engine's batch (or, where the server
+    reports a fallback, what that fallback means: ``_built``); then a stranger's plain
+    request for the result vs its exact prefill."""
     tokens = list(reference.encode(prompt_text(f"batch-{shape}")))
     n, stub = len(tokens), tuple(reference.encode(STUB))
     a, b = n // 4, n // 2
@@ -125,17 +145,18 @@ def test_batches_equal_their_definition(
     done = _edited(server, tokens, edits)
     new = session_tokens(server, done["session"])[0]
     own = session_generate(server, done["session"], new)
-    delta = max_delta(own.top, reference_logprobs(reference, tokens, edits))
+    fallback = done["fallback_reason"]  # checked by _built: a fallback it has no model of fails
+    delta = max_delta(own.top, built_logprobs(reference, tokens, edits, fallback))
     plain = generate(server, new)
     stranger = max_delta(plain.top, reference_logprobs(reference, new))
     record(report_path, check=f"batch {shape}", max_delta_logprob=delta,
-           stranger_delta=stranger, response_path=done["path"])  # fmt: skip
+           stranger_delta=stranger, response_path=done["path"], fallback=fallback)  # fmt: skip
     assert delta <= TOLERANCE
     assert stranger <= TOLERANCE
 
 
 def test_a_mutant_that_shares_spliced_kv_fails_the_check(
-    server: httpx.Client, reference: Engine, report_path: Path | None
+    server: httpx.Client, reference: Engine, page: int, report_path: Path | None
 ) -> None:
     """Negative control: with splices built in the shared namespace (the live shim's
     switch), a stranger is served the spliced KV and the comparison must fail."""
@@ -146,7 +167,7 @@ def test_a_mutant_that_shares_spliced_kv_fails_the_check(
     with switched_on(SHARED_SPLICE_FLAG, how):
         edit, deltas, facts = _strangers(server, reference, "mutant")
     record(report_path, check="isolation, MUTANT (shared splice): must fail", **deltas, **facts)
-    assert facts["plain_cached"] > edit.start, (
+    assert facts["plain_cached"] > floor_page(edit.start, page), (
         f"with the mutant on, a plain request still found only {facts['plain_cached']} "
         "cached tokens: the switch had no effect; is the leyline_live_shims plugin loaded?"
     )
