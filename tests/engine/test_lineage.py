@@ -46,3 +46,15 @@ def test_a_resent_edit_with_new_turns_appended_still_maps_the_old_copy() -> None
     lineages.published(old)
     lineages.realigned(old, new)
     assert lineages.forgotten([(17, 25)]) == [(tuple(old), 16)]
+
+
+def test_filler_after_a_sequence_follows_no_edit_but_is_purged_with_it() -> None:
+    """A sequence cached with filler to fill its last block (vLLM): the filler has no
+    position, so edits never move it, and a forget purges the whole cached sequence from
+    the forgotten token on."""
+    lineages = Lineages()
+    lineages.published([*range(100, 110), 109, 109], length=10)
+    result = apply_edits(list(range(100, 110)), [Edit(2, 4, ())])  # every position < 10
+    lineages.moved(result.position_map)
+    assert lineages.forgotten([(6, 7)]) == [((*range(100, 110), 109, 109), 8)]
+    assert lineages.forgotten([(8, 9)]) == []  # past the sequence: nothing of it is there

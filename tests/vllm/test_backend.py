@@ -15,6 +15,7 @@ from leyline.core.turns import SamplingParams, Turn
 from leyline.protocol import ErrorCode, FallbackReason, LeylineError, Limits, Verb
 from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCreate
 from leyline.vllm.backend import VllmBackend, VllmSession
+from leyline.vllm.build import padded
 
 from ._fake_engine import FakeEngine
 
@@ -61,59 +62,90 @@ def _handle(service: SessionService[VllmSession], session: str) -> VllmSession:
     return service.store.get(DEFAULT_TENANT, session).handle
 
 
-def test_a_cut_is_loaded_rotated_into_a_private_namespace() -> None:
+def _turn(backend: VllmBackend, handle: VllmSession, prompt: tuple[int, ...]) -> Any:
+    turn: Turn[VllmSession] = Turn(
+        handle, None, prompt, None, SamplingParams(max_new_tokens=1), lambda t: True, lambda: False
+    )
+    return _run(backend.run_turn(turn))
+
+
+def test_a_cut_loads_every_kept_row_rotated_into_a_private_namespace() -> None:
     service, _, engine = _stack()
     session = _session(service, TOKENS)
     reply = _apply(service, session, _splice(6, 10, []))
     new = TOKENS[:6] + TOKENS[10:]
     handle = _handle(service, session)
     assert handle.private_salt is not None and handle.private_salt.startswith("leyline-")
-    build = engine.requests[-1]
-    assert len(engine.requests) == 2 and build.tokens == tuple(new)
-    assert build.salt == handle.private_salt
-    # The prefix copied bitwise from the shared namespace, then the kept rows rotated by -4
-    # while their source block is cached (old positions < 20); the rest computed.
+    # Old row 20 is kept (new 16) but sits in the old partial block: the old sequence plus
+    # filler is cached whole first, in its own namespace, computing only that block.
+    old, build = engine.requests[1:]
+    assert old.tokens == padded(TOKENS, BLOCK) and old.salt is None
+    assert old.kv == ["hit"] * 20 + ["computed"] * 4
+    assert build.tokens == padded(new, BLOCK) and build.salt == handle.private_salt
+    # The prefix copied bitwise from the shared namespace, every kept row rotated by -4, the
+    # new last token computed in its new context (and the filler after it).
     assert build.kv[:6] == [f"loaded None {p} 0" for p in range(6)]
-    assert build.kv[6:16] == [f"loaded None {p + 4} -4" for p in range(6, 16)]
-    assert build.kv[16:] == ["computed"] * 2
+    assert build.kv[6:17] == [f"loaded None {p + 4} -4" for p in range(6, 17)]
+    assert build.kv[17:] == ["computed"] * 3
     assert reply.path == "splice" and reply.fallback_reason is None
-    assert (reply.reused_tokens, reply.rotated_tokens, reply.prefilled_tokens) == (16, 10, 2)
+    assert (reply.reused_tokens, reply.rotated_tokens, reply.prefilled_tokens) == (17, 11, 1)
     # A plain request for the same tokens shares no block with the build.
     assert engine.cached_blocks(None, new) == 1
 
 
-def test_a_replacement_is_computed_by_a_prefix_rounded_up_to_a_block() -> None:
+def test_a_replacement_is_computed_by_its_own_request_then_loaded() -> None:
     service, _, engine = _stack()
     session = _session(service, TOKENS)
     reply = _apply(service, session, _splice(6, 10, [1]))
     new = (*TOKENS[:6], 1, *TOKENS[10:])
-    first, whole = engine.requests[1:]
-    assert first.tokens == new[:8]  # the run ends at 7: its block ends at 8
+    first, whole = engine.requests[2:]
+    assert first.tokens == padded(new[:7], BLOCK)  # the run is new[6]; filler to 8
     assert first.kv == [f"loaded None {p} 0" for p in range(6)] + ["computed"] * 2
-    assert whole.tokens == new and whole.kv[:8] == ["hit"] * 8
-    assert whole.kv[8:17] == [f"loaded None {p + 3} -3" for p in range(8, 17)]
-    assert whole.kv[17:] == ["computed"] * 2  # old 20, 21: in a block never cached
-    assert (reply.reused_tokens, reply.rotated_tokens) == (6 + 9, 9)
+    salt = _handle(service, session).private_salt
+    assert whole.tokens == padded(new, BLOCK) and whole.kv[:4] == ["hit"] * 4
+    assert whole.kv[4:7] == [f"loaded {salt} {p} 0" for p in range(4, 7)]  # with the run
+    assert whole.kv[7:18] == [f"loaded None {p + 3} -3" for p in range(7, 18)]
+    assert whole.kv[18:] == ["computed"] * 2  # the new last token, then filler
+    assert reply.fallback_reason is None
+    assert (reply.reused_tokens, reply.prefilled_tokens, reply.rotated_tokens) == (17, 2, 11)
 
 
-def test_the_turn_after_a_build_loads_the_partial_block_again() -> None:
+def test_later_requests_load_the_partial_block_from_the_build() -> None:
+    """vLLM caches whole blocks only: the rows a build loaded into the last partial block
+    are loaded again by every turn while that block is partial, never recomputed."""
     service, backend, engine = _stack()
     session = _session(service, TOKENS)
-    _apply(service, session, _splice(2, 3, [1, 2]))  # 23 tokens: 20..22 never cached
+    _apply(service, session, _splice(2, 3, [1, 2]))  # 23 tokens
     handle = _handle(service, session)
-    new = handle.view.tokens
-    assert engine.requests[-1].kv[20] == "loaded None 19 1"  # into the unfinished block
-    prompt = (*new, 5, 6)
-    turn: Turn[VllmSession] = Turn(
-        handle, None, prompt, None, SamplingParams(max_new_tokens=1), lambda t: True, lambda: False
-    )
-    outcome = _run(backend.run_turn(turn))
-    request = engine.requests[-1]
-    assert request.salt == handle.private_salt
-    assert request.kv[:20] == ["hit"] * 20 and request.kv[20] == "loaded None 19 1"
-    assert request.kv[21:] == ["computed"] * 4  # the moved last token (22) recomputed
-    assert outcome.prefill.reused_tokens == 21 and handle.tail is None
-    assert handle.view.tokens == (*prompt, 7) and handle.computed == len(prompt)
+    new, salt = handle.view.tokens, handle.private_salt
+    built = engine.requests[-1]
+    assert built.kv[4:22] == [f"loaded None {p - 1} 1" for p in range(4, 22)]
+    _turn(backend, handle, new)  # the same tokens: the last one is computed again
+    first = engine.requests[-1]
+    assert first.kv[:20] == ["hit"] * 20
+    assert first.kv[20:] == [f"loaded {salt} 20 0", f"loaded {salt} 21 0", "computed"]
+    outcome = _turn(backend, handle, (*handle.view.tokens, 8))  # 23 + 1 generated + 1
+    second = engine.requests[-1]
+    assert second.kv[20:23] == [f"loaded {salt} {p} 0" for p in range(20, 23)]
+    assert second.kv[23:] == ["computed"] * 2
+    assert outcome.prefill.reused_tokens == 23 and handle.computed == 25
+
+
+def test_a_second_splice_reads_the_old_partial_block_through_the_recipe() -> None:
+    service, _, engine = _stack()
+    session = _session(service, TOKENS)
+    _apply(service, session, _splice(6, 10, []))  # 18 tokens, private
+    handle = _handle(service, session)
+    salt, first_build = handle.private_salt, engine.requests[-1]
+    body = ApplyDirectives(base_revision=2, directives=[_splice(2, 4, [])])
+    reply = _run(service.apply(DEFAULT_TENANT, session, body))
+    old, build = engine.requests[-2:]
+    # The old sequence's partial block (16, 17) is cached whole: its rows loaded as the
+    # first build left them, the filler computed.
+    assert old.tokens == first_build.tokens and old.salt == salt
+    assert old.kv[16:18] == [f"loaded {salt} 16 0", f"loaded {salt} 17 0"]
+    assert build.kv[2:15] == [f"loaded {salt} {p + 2} -2" for p in range(2, 15)]
+    assert reply.fallback_reason is None and reply.rotated_tokens == 13
 
 
 def test_forget_purges_every_namespace_and_reprefills() -> None:
@@ -129,7 +161,8 @@ def test_forget_purges_every_namespace_and_reprefills() -> None:
     assert request.salt == private and request.order is not None
     purged = {(t.salt, t.tokens, t.from_position) for t in request.order.purge}
     assert (private, spliced, 12) in purged and (None, spliced, 12) in purged
-    assert (None, tuple(TOKENS), 16) in purged  # the original, where the span came from
+    # The original (cached whole by the splice, filler and all), where the span came from.
+    assert (None, padded(TOKENS, BLOCK), 16) in purged
     assert engine.cached_blocks(None, TOKENS) == 4  # blocks from 16 on are gone
     assert reply.path == "reprefill" and reply.reused_tokens == 12
     assert request.kv[12:] == ["computed"] * (len(request.tokens) - 12)
@@ -159,3 +192,23 @@ def test_compose_is_not_offered_and_reserved_salts_are_refused() -> None:
     with pytest.raises(LeylineError) as salted:
         _run(service.create(DEFAULT_TENANT, SessionCreate(tokens=[1], cache_salt="leyline-x")))
     assert salted.value.field == "cache_salt"
+
+
+def test_a_splice_before_a_forget_says_it_was_re_prefilled() -> None:
+    """Protocol 4, rule 6 keeps a splice's downstream rows up to a later forget; vLLM
+    re-prefills the batch from its first change, and says so (or refuses without
+    fallback). A forget first needs no fallback: everything after it is recomputed."""
+    forget = {"verb": "forget", "span": {"start": 12, "end": 14}}
+    service, _, _ = _stack()
+    reply = _apply(service, _session(service, TOKENS), _splice(2, 4, []), forget)
+    assert reply.path == "reprefill" and reply.fallback_reason == "unsupported_runtime"
+    early = {"verb": "forget", "span": {"start": 2, "end": 4}}
+    reply = _apply(service, _session(service, TOKENS), early, _splice(12, 14, []))
+    assert reply.path == "reprefill" and reply.fallback_reason is None
+    session = _session(service, TOKENS)
+    body = ApplyDirectives(
+        base_revision=1, directives=[_splice(2, 4, []), forget], options={"allow_fallback": False}
+    )
+    with pytest.raises(SpliceUnsupportedError):
+        _run(service.apply(DEFAULT_TENANT, session, body))
+    assert _handle(service, session).view.revision == 1

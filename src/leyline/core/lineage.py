@@ -38,9 +38,12 @@ class Lineages:
         other._items = [_Lineage(item.tokens, list(item.now)) for item in self._items]
         return other
 
-    def published(self, tokens: Sequence[int]) -> None:
-        """``tokens`` (the current sequence's prefix) is now in the cache as it stands."""
+    def published(self, tokens: Sequence[int], length: int | None = None) -> None:
+        """``tokens`` (the current sequence's prefix) is now in the cache as it stands.
+        ``length``: only its first ``length`` tokens are the sequence's; the rest is filler
+        (cached with it to fill a block), tracked as no position, purged with the rest."""
         tokens = tuple(tokens)
+        length = len(tokens) if length is None else length
         # A publication that is an unmoved prefix of this one is the same lineage, grown.
         self._items = [
             item
@@ -50,7 +53,8 @@ class Lineages:
                 and all(pos == i for i, pos in enumerate(item.now))
             )
         ]
-        self._items.append(_Lineage(tokens, list(range(len(tokens)))))
+        now = [i if i < length else None for i in range(len(tokens))]
+        self._items.append(_Lineage(tokens, now))
 
     def moved(self, position_map: PositionMap) -> None:
         """An edit ran: every tracked position follows it (or drops out)."""

@@ -38,10 +38,11 @@ class SaltedSession:
         """Where the session's KV is now."""
         return self.private_salt or self.shared_salt
 
-    def cached(self, tokens: Sequence[int]) -> None:
-        """``tokens`` are now cached where the session's KV is."""
+    def cached(self, tokens: Sequence[int], length: int | None = None) -> None:
+        """``tokens`` are now cached where the session's KV is (``length``: how many of
+        them are the sequence's, the rest filler; ``Lineages.published``)."""
         if tokens:
-            self.lineages.setdefault(self.salt, Lineages()).published(tokens)
+            self.lineages.setdefault(self.salt, Lineages()).published(tokens, length)
 
     def moved(self, position_map: PositionMap) -> None:
         """An edit ran: every lineage's positions follow it."""

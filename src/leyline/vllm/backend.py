@@ -42,8 +42,8 @@ from leyline.protocol import (
 from leyline.protocol.directives import Mode
 from leyline.protocol.resolve import SkillTokens
 from leyline.protocol.resources import SkillInfo
-from leyline.vllm.build import cached_end, clipped, plan_build
-from leyline.vllm.link import LoadSource, Order, PurgeTarget
+from leyline.vllm.build import old_rows_needed, padded, plan_build, recipe_within
+from leyline.vllm.link import LoadSource, Order, PurgeTarget, runs_of
 from leyline.vllm.runner import PREFILL, Ran, Runner
 
 logger = logging.getLogger(__name__)
@@ -71,9 +71,10 @@ class VllmSession(SaltedSession):
     computed: int = 0
     """Leading tokens of the view that vLLM computed under :attr:`salt` (its full blocks
     are the next splice's sources)."""
-    tail: Order | None = None
-    """Rows a build loaded into the last partial block (never cached): loaded again by the
-    next request that extends the built sequence."""
+    recipe: Order | None = None
+    """Where the rows of the sequence's last partial block that a build loaded are cached
+    (vLLM caches whole blocks only): every request on the session carries it, so they are
+    loaded again, never recomputed. None when every row there was computed in context."""
 
 
 class VllmBackend(HostBackend[VllmSession]):
@@ -170,7 +171,7 @@ class VllmBackend(HostBackend[VllmSession]):
     async def cache_prompt(self, handle: VllmSession, tokens: tuple[int, ...]) -> None:
         if tokens:
             await self.runner.run(tokens, PREFILL, handle.salt)
-        handle.computed, handle.tail = len(tokens), None
+        handle.computed, handle.recipe = len(tokens), None
 
     async def execute(
         self, handle: VllmSession, plan: EditPlan, *, allow_fallback: bool
@@ -180,36 +181,48 @@ class VllmBackend(HostBackend[VllmSession]):
             n = len(base.tokens)
             return OpReport(Path.splice, base.revision, n, 0, first_change=n)
         result = plan.result
+        built: list[tuple[tuple[int, ...], int]] = []
+        # Rows of the partial block before the first change that are loaded copies stay so.
+        kept_recipe = recipe_within(handle.recipe, result.first_change)
         if plan.forget_from is not None:
             # Everything from the first change on is computed afresh, in the session's
-            # namespace, by the request that carries the purge (protocol 3.2, 3.4).
-            ran = await self._forget(handle, plan)
+            # namespace, by the request that carries the purge (protocol 3.2, 3.4). A splice
+            # before the forget would keep its downstream rows up to it (protocol 4, rule 6):
+            # not built on vLLM, so that batch says it fell back, or is refused.
+            fallback = _splice_kept_before_forget(plan)
+            if fallback is not None and not allow_fallback:
+                raise SpliceUnsupportedError(
+                    fallback, "vLLM re-prefills a batch with a forget from its first change"
+                )
+            ran = await self._forget(handle, plan, kept_recipe)
             reused = min(ran.cached_tokens, result.first_change) if plan.tokens else 0
-            report = edit_report(plan, Path.reprefill, reused, 0)
-            computed, tail = len(plan.tokens), None
+            report = edit_report(plan, Path.reprefill, reused, 0, fallback)
+            computed, recipe = len(plan.tokens), kept_recipe
         elif result.first_change == len(base.tokens):
             # Errata only: nothing cached moves; the next request appends the note.
             report = edit_report(plan, Path.prefix_hit, len(base.tokens), 0)
-            computed, tail = handle.computed, handle.tail
+            computed, recipe = handle.computed, handle.recipe
         elif not keeps_downstream_kv(plan):
             # Nothing kept past the first change (a cut of the tail, say): computed in
             # context from there, exact, so it stays in the shared namespace.
-            ran = await self.runner.run(plan.tokens, PREFILL, handle.salt)
+            ran = await self.runner.run(plan.tokens, PREFILL, handle.salt, kept_recipe)
             report = edit_report(plan, Path.splice, min(ran.cached_tokens, result.first_change), 0)
-            computed, tail = len(plan.tokens), None
+            computed, recipe = len(plan.tokens), kept_recipe
         elif self.refusal is not None:
             if not allow_fallback:
                 raise self.refusal
-            ran = await self.runner.run(plan.tokens, PREFILL, handle.salt)
+            ran = await self.runner.run(plan.tokens, PREFILL, handle.salt, kept_recipe)
             reused = min(ran.cached_tokens, result.first_change)
             report = edit_report(plan, Path.reprefill, reused, 0, self.refusal.reason)
-            computed, tail = len(plan.tokens), None
+            computed, recipe = len(plan.tokens), kept_recipe
         else:
-            report, tail = await self._private_build(handle, plan, allow_fallback)
+            report, recipe, built = await self._private_build(handle, plan, allow_fallback)
             computed = len(plan.tokens)
         handle.moved(result.position_map)
         handle.cached(plan.tokens)
-        handle.computed, handle.tail = computed, tail
+        for tokens, length in built:  # the build's padded prefixes: purged with the rest
+            handle.cached(tokens, length)
+        handle.computed, handle.recipe = computed, recipe
         handle.view = SessionView(plan.tokens, base.revision + 1, plan.spans)
         return report
 
@@ -230,14 +243,15 @@ class VllmBackend(HostBackend[VllmSession]):
         extends = prompt[: len(edited.tokens)] == edited.tokens
         if not extends:
             handle.realigned(edited.tokens, prompt)
-        tail = handle.tail if extends else None
+        shared = common_prefix(edited.tokens, prompt)
+        recipe = recipe_within(handle.recipe, shared)
         revision = edited.revision if prompt == edited.tokens else edited.revision + 1
         # The prompt is the session's from here (the request caches it), even if the
         # generation then fails: the view never claims tokens vLLM was not given.
-        handle.view, handle.computed, handle.tail = SessionView(prompt, revision, spans), 0, None
-        out = await self.runner.run(prompt, turn.params, handle.salt, tail, turn.on_token)
+        handle.view, handle.computed = SessionView(prompt, revision, spans), 0
+        handle.recipe = recipe
+        out = await self.runner.run(prompt, turn.params, handle.salt, recipe, turn.on_token)
         reused = min(out.cached_tokens, len(prompt))
-        shared = common_prefix(edited.tokens, prompt)
         path = Path.prefix_hit if shared == len(edited.tokens) else Path.reprefill
         prefill = OpReport(path, revision, reused, len(prompt) - reused, first_change=shared)
         handle.view = SessionView(prompt + out.ids, revision + 1, spans)
@@ -251,25 +265,37 @@ class VllmBackend(HostBackend[VllmSession]):
 
     async def _private_build(
         self, handle: VllmSession, plan: EditPlan, allow_fallback: bool
-    ) -> tuple[OpReport, Order | None]:
-        """The new sequence built in the session's own namespace (the exact prefix copied
-        there once): kept rows loaded with their keys rotated, the rest computed."""
+    ) -> tuple[OpReport, Order | None, list[tuple[tuple[int, ...], int]]]:
+        """The new sequence built in the session's own namespace (``build``): every kept
+        row loaded, keys rotated; the inserted runs and the last token computed in context.
+        Returns the report, the new recipe, and the sequences the build cached there."""
+        n, block = len(plan.tokens), self.block_size
+        base = plan.base.tokens
+        old_salt, old_tokens, old_computed = handle.salt, base, handle.computed
+        missing = None
+        if old_rows_needed(plan.result.position_map, n, old_computed, block):
+            # The old partial block, cached whole: its loaded rows from the recipe, the rest
+            # computed as before (the same tokens in the same context).
+            old_tokens = padded(base[:old_computed], block)
+            ran = await self.runner.run(old_tokens, PREFILL, old_salt, handle.recipe)
+            handle.cached(old_tokens, old_computed)
+            if ran.answer is not None and ran.answer.fallback_reason is not None:
+                missing = FallbackReason.missing_source
         salt = private_namespace(handle)
-        n = len(plan.tokens)
-        build = plan_build(plan.result.position_map, n, handle.computed, self.block_size)
-        source = (handle.salt, plan.base.tokens)
-        order = _load(source, build.runs)
-        answers: list[Ran] = []
-        for end in build.prefix_ends:
-            answers.append(await self.runner.run(plan.tokens[:end], PREFILL, salt, order))
-        answers.append(await self.runner.run(plan.tokens, PREFILL, salt, order))
+        build = plan_build(
+            (old_salt, old_tokens), old_computed, plan.tokens, plan.result.position_map, salt, block
+        )
+        answers = [
+            await self.runner.run(request.tokens, PREFILL, salt, request.order)
+            for request in build.requests
+        ]
         refused = next(
             (ran.answer for ran in answers if ran.answer and ran.answer.fallback_reason), None
         )
         if refused is not None and refused.fallback_reason != FallbackReason.missing_source:
             # Nothing was loaded (a worker that cannot write rows): vLLM computed it all, so
             # the private namespace holds an exact prefill nobody will read.
-            handle.abandoned.append((salt, plan.tokens))
+            handle.abandoned += [(salt, request.tokens) for request in build.requests]
             if handle.private_salt == salt:
                 handle.private_salt = None
             reason = FallbackReason(refused.fallback_reason or "unsupported_runtime")
@@ -277,20 +303,22 @@ class VllmBackend(HostBackend[VllmSession]):
                 raise SpliceUnsupportedError(reason, refused.message or "the load was refused")
             ran = await self.runner.run(plan.tokens, PREFILL, handle.salt)
             reused = min(ran.cached_tokens, plan.result.first_change)
-            return edit_report(plan, Path.reprefill, reused, 0, reason), None
-        first = answers[0]
-        loaded = [ran.answer.reused if ran.answer else 0 for ran in answers]
-        reused = first.cached_tokens - loaded[0] + sum(loaded)
-        rotated = sum(ran.answer.rotated if ran.answer else 0 for ran in answers)
-        missing = FallbackReason.missing_source if refused is not None else None
+            return edit_report(plan, Path.reprefill, reused, 0, reason), None, []
         handle.private_salt = salt
-        tail_runs = clipped(
-            build.runs, source_end=n, dest_from=cached_end(n, self.block_size), dest_end=n - 1
-        )
-        tail = _load(source, tail_runs) if tail_runs else None
-        return edit_report(plan, Path.splice, reused, rotated, missing), tail
+        whole = answers[-1]
+        # The whole sequence's request found or loaded every row but the last (less what
+        # was missing); the inserted runs were computed by the requests before it.
+        reused = max(0, min(whole.cached_tokens, n - 1) - build.inserted)
+        rotated = build.rotated
+        if refused is not None or missing is not None:
+            missing = FallbackReason.missing_source
+            rotated = min(rotated, sum(ran.answer.rotated for ran in answers if ran.answer))
+        report = edit_report(plan, Path.splice, reused, rotated, missing)
+        return report, build.recipe, [(r.tokens, r.length) for r in build.requests]
 
-    async def _forget(self, handle: VllmSession, plan: EditPlan) -> Ran:
+    async def _forget(
+        self, handle: VllmSession, plan: EditPlan, recipe: Order | None = None
+    ) -> Ran:
         """Purge what was derived from the forgotten tokens (protocol 3.2): past the edit
         where the session's KV is; once it went private, in its shared namespace too
         (anyone there may have prefilled the same tokens); in every earlier lineage, from
@@ -311,10 +339,23 @@ class VllmBackend(HostBackend[VllmSession]):
                     target = PurgeTarget(where, tokens, at)
                     if target not in targets:
                         targets.append(target)
-        order = Order(purge=tuple(targets))
+        order = Order(load=recipe.load if recipe else (), purge=tuple(targets))
         if not plan.tokens:
             return await self.runner.run(CARRIER, PREFILL, _carrier_salt(), order)
         return await self.runner.run(plan.tokens, PREFILL, handle.salt, order)
+
+
+def _splice_kept_before_forget(plan: EditPlan) -> FallbackReason | None:
+    """``unsupported_runtime`` when the batch keeps downstream rows between its first change
+    and its earliest forget (a splice before the forget), which the re-prefill recomputes."""
+    forget_from, first_change = plan.forget_from, plan.result.first_change
+    kept = runs_of(plan.result.position_map)
+    if forget_from is not None and any(
+        run.source_start < forget_from and run.dest_start + run.length > first_change
+        for run in kept
+    ):
+        return FallbackReason.unsupported_runtime
+    return None
 
 
 def _load(source: tuple[str | None, tuple[int, ...]], runs: Sequence[Any]) -> Order:

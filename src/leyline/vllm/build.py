@@ -1,27 +1,44 @@
 """How a splice that keeps downstream KV is built with vLLM's requests (no vLLM import).
 
-vLLM caches full blocks only, and a request computes everything from the first position it
-neither finds cached nor gets loaded by the connector. So the new sequence is built by
-requests of growing prefixes, each computing one inserted run: ``new[:e]`` with ``e`` the
-run's end rounded up to a block (the kept tokens in that block are computed fresh, in
-context: exact). The last request is the whole sequence; it caches every full block under
-the session's private salt. Rows whose source block was never cached (a sequence's last
-partial block: vLLM caches full blocks only) are computed too.
+vLLM caches whole blocks only, and a request computes everything from the first position it
+neither finds cached nor gets loaded by the connector. So every request of a build ends on
+a block boundary: a prefix that ends inside a block is padded with filler tokens up to it
+(the filler's rows are computed and cached with it, and never read). Protocol 3.1 then
+holds exactly: every kept row is loaded (its key rotated), only the inserted runs and the
+new last token are computed.
+
+1. The old sequence's rows come from its cached blocks. When a kept row sits in its last,
+   partial block, one request of the old sequence plus filler caches that block first,
+   under the old namespace (``old_rows``; it loads the rows that block holds as copies, the
+   session's recipe, and computes the rest in context, as they were computed before).
+2. Per inserted run ``new[p:q]``: a request of ``new[:q]`` plus filler, under the private
+   namespace, loads every row before ``p`` (the previous request's rows as they are, kept
+   rows rotated) and computes the run in context.
+3. The whole sequence plus filler loads every row but the last, which it computes in its
+   new context (protocol 3.1). Its cached copy of the last partial block is the session's
+   recipe: every later request on the sequence loads those rows from it.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from leyline.protocol.algebra import PositionMap
-from leyline.vllm.link import RowRun, runs_of
+from leyline.vllm.link import LoadSource, Order, RowRun, runs_of
 
 
 def cached_end(computed: int, block_size: int) -> int:
     """Positions below this are in full blocks vLLM cached, when ``computed`` leading
     tokens of a sequence were computed."""
     return computed - computed % block_size
+
+
+def padded(tokens: Sequence[int], block_size: int) -> tuple[int, ...]:
+    """``tokens`` plus filler (its last token repeated) up to a block boundary."""
+    tokens = tuple(tokens)
+    return tokens + tokens[-1:] * (-len(tokens) % block_size)
 
 
 def clipped(
@@ -38,50 +55,100 @@ def clipped(
     return tuple(out)
 
 
+def recipe_of(salt: str | None, tokens: Sequence[int], length: int) -> Order:
+    """Rows ``[0, length)`` of ``tokens`` cached under ``salt``, loaded as they are."""
+    return Order(load=(LoadSource(salt, tuple(tokens), (RowRun(0, 0, length),)),))
+
+
+def recipe_within(recipe: Order | None, end: int) -> Order | None:
+    """``recipe`` for destination positions below ``end`` only (None if none are left)."""
+    if recipe is None:
+        return None
+    sources = []
+    for source in recipe.load:
+        runs = clipped(source.runs, source_end=sys.maxsize, dest_from=0, dest_end=end)
+        if runs:
+            sources.append(LoadSource(source.salt, source.tokens, runs))
+    return Order(load=tuple(sources)) if sources else None
+
+
+def old_rows_needed(position_map: PositionMap, new_length: int, computed: int, block: int) -> bool:
+    """Whether a kept row other than the new last token sits in the old sequence's last
+    partial block (step 1)."""
+    tail = cached_end(computed, block)
+    kept = clipped(runs_of(position_map), source_end=computed, dest_from=0, dest_end=new_length - 1)
+    return any(run.source_start + run.length > tail for run in kept)
+
+
 @dataclass(frozen=True, slots=True)
-class BuildPlan:
-    """The rows to load and the requests that build the new sequence."""
+class BuildRequest:
+    """One request of a build: its prompt and the rows it loads."""
 
-    runs: tuple[RowRun, ...]
-    """Kept rows whose source is cached, never the new sequence's last token."""
-    prefix_ends: tuple[int, ...]
-    """Lengths of the prefixes run before the whole sequence (one per inserted run)."""
+    tokens: tuple[int, ...]
+    order: Order
+    length: int
+    """How many of ``tokens`` are the new sequence's (the rest: filler)."""
 
-    @property
-    def loaded(self) -> int:
-        return sum(run.length for run in self.runs)
+
+@dataclass(frozen=True, slots=True)
+class Build:
+    requests: tuple[BuildRequest, ...]
+    """Steps 2 and 3, in order, all under the private namespace."""
+    recipe: Order
+    """Where later requests load the new sequence's rows from (step 3's cached copy)."""
+    rotated: int
+    """Kept rows that move (keys rotated)."""
+    inserted: int
+    """Tokens the inserted runs add (computed in context)."""
 
 
 def plan_build(
-    position_map: PositionMap, new_length: int, source_computed: int, block_size: int
-) -> BuildPlan:
-    """The build of a ``new_length``-token sequence keeping the rows ``position_map`` keeps,
-    from a source whose first ``source_computed`` tokens were computed."""
-    runs = clipped(
-        runs_of(position_map),
-        source_end=cached_end(source_computed, block_size),
-        dest_from=0,
-        dest_end=new_length - 1,
-    )
-    ends: list[int] = []
-    position = 0  # what the requests so far leave cached (a multiple of the block size)
-    while True:
-        gap = _covered_to(runs, position)  # the first row neither cached nor loaded
-        resumes = [run.dest_start for run in runs if run.dest_start > gap]
-        if gap >= new_length - 1 or not resumes:
-            break  # the whole sequence's request computes the rest
-        end = -(-min(resumes) // block_size) * block_size
-        if end >= new_length:
-            break
-        ends.append(end)  # a request of new[:end] computes the gap, to a block boundary
-        position = end
-    return BuildPlan(runs, tuple(ends))
+    old: tuple[str | None, Sequence[int]],
+    old_computed: int,
+    new: Sequence[int],
+    position_map: PositionMap,
+    salt: str,
+    block_size: int,
+) -> Build:
+    """The requests that build ``new`` under ``salt`` keeping the rows ``position_map``
+    keeps, read from ``old`` (a salt and a cached sequence: its first ``old_computed``
+    tokens' rows are the old ones)."""
+    new, n = tuple(new), len(new)
+    old_salt, old_tokens = old[0], tuple(old[1])
+    kept = clipped(runs_of(position_map), source_end=old_computed, dest_from=0, dest_end=n - 1)
+    inserted = _gaps(runs_of(position_map), n)
+    requests: list[BuildRequest] = []
+    done: tuple[int, ...] = ()  # the previous request's tokens (its rows: as they are)
+    done_end = 0
+
+    def order_to(end: int) -> Order:
+        sources = []
+        if done_end:
+            sources.append(LoadSource(salt, done, (RowRun(0, 0, done_end),)))
+        rows = clipped(kept, source_end=sys.maxsize, dest_from=done_end, dest_end=end)
+        if rows:
+            sources.append(LoadSource(old_salt, old_tokens, rows))
+        return Order(load=tuple(sources))
+
+    for start, end in inserted:
+        tokens = padded(new[:end], block_size)
+        requests.append(BuildRequest(tokens, order_to(start), end))
+        done, done_end = tokens, end
+    whole = padded(new, block_size)
+    if done_end < n:  # else the last run's request computed the sequence to its end
+        requests.append(BuildRequest(whole, order_to(n - 1), n))
+    rotated = sum(run.length for run in kept if run.shift != 0)
+    inserted_tokens = sum(end - start for start, end in inserted)
+    return Build(tuple(requests), recipe_of(salt, whole, n), rotated, inserted_tokens)
 
 
-def _covered_to(runs: Sequence[RowRun], position: int) -> int:
-    """The end of the loaded rows that run on without a gap from ``position``."""
-    end = position
-    for run in runs:
-        if run.dest_start <= end < run.dest_start + run.length:
-            end = run.dest_start + run.length
-    return end
+def _gaps(kept: Sequence[RowRun], length: int) -> list[tuple[int, int]]:
+    """The destination ranges ``kept`` leaves out of ``[0, length)``: the inserted runs."""
+    gaps, at = [], 0
+    for run in sorted(kept, key=lambda r: r.dest_start):
+        if run.dest_start > at:
+            gaps.append((at, run.dest_start))
+        at = max(at, run.dest_start + run.length)
+    if at < length:
+        gaps.append((at, length))
+    return gaps
