@@ -145,6 +145,13 @@ def test_a_cross_session_leak_fails_its_target_and_na_is_no_pass() -> None:
     assert not met({"targets": targets(data, "fast")})
     data["cross_session"] = [good | {"splice": arm(0.9, path="reprefill"), "leaks": []}]
     assert counts(data)["cross-session splices not run as splice"] == 1
+    # A splice that declares a fallback (protocol 6) is reported, not compared or failed.
+    declared = {"path": "splice", "fallback": "page_alignment", **arm(0.9), "definition": None}
+    data["cross_session"] = [good | {"splice": declared, "leaks": []}, good | {"leaks": []}]
+    rows = {t["check"]: t for t in targets(data, "fast")}
+    fell_back = rows["cross-session splices with a declared fallback"]
+    assert fell_back["value"] == "1 of 2 (page_alignment)" and fell_back["met"] is None
+    assert met({"targets": list(rows.values())})
 
 
 class Counting(RandomSource):

@@ -337,9 +337,11 @@ def cross_session(
     if reference is not None:
         exact = keyed(reference.top(edited), server.text_of)
         exact_noted = keyed(reference.top(noted), server.text_of)
-        spliced_top = reference.splice_top(prompt.tokens, prompt.start, prompt.end, prompt.stub)
-        if spliced_top is not None:
-            definition = keyed(spliced_top, server.text_of)
+        # A splice that reports a fallback (protocol 6: e.g. ``page_alignment``, part of it
+        # re-prefilled) is not its definition, by its own account: counted, not compared.
+        if spliced.get("fallback_reason") is None:
+            top = reference.splice_top(prompt.tokens, prompt.start, prompt.end, prompt.stub)
+            definition = None if top is None else keyed(top, server.text_of)
         how = reference.name
     else:
         salt = f"{tag}-reference" if cache_salt else None
@@ -357,6 +359,7 @@ def cross_session(
         "exact_top": len(exact),
         "splice": {
             "path": spliced.get("path"),
+            "fallback": spliced.get("fallback_reason"),
             "reused": splice_arm.reused,
             **compare(exact, splice_arm.top),
             "definition": None if definition is None else compare(definition, splice_arm.top),

@@ -65,6 +65,20 @@ def targets(data: dict[str, Any], mode: str) -> list[dict[str, Any]]:
         }
         for name, value in counts(data).items()
     ]
+    crossed = data.get("cross_session", {"n/a": "not run"})
+    if na(crossed) is None:
+        # Protocol 6 lets a splice fall back if it says why; how often it did is reported.
+        reasons = sorted({str(r["splice"].get("fallback")) for r in crossed} - {"None"})
+        fell_back = sum(r["splice"].get("fallback") is not None for r in crossed)
+        rows.append(
+            {
+                "check": "cross-session splices with a declared fallback",
+                "value": f"{fell_back} of {len(crossed)}"
+                + (f" ({', '.join(reasons)})" * bool(reasons)),
+                "target": "reported",
+                "met": None,
+            }
+        )
     health = data["health"]
     p99 = None if na(health) else health["busy_ms"]["p99"]
     rows.append(
