@@ -52,6 +52,11 @@ def test_turns_reuse_the_prefix_and_a_splice_matches_the_engine(server: Server) 
     ley2 = second["leyline"]
     assert ley2["path"] == "prefix_hit"
     assert ley2["reused_tokens"] >= first["usage"]["prompt_tokens"]
+    # OpenAI's own field says the same: the prompt tokens found cached.
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == ley2["reused_tokens"] and first["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": first["leyline"]["reused_tokens"]
+    }
 
     # Turn 3: splice the tool output (message 3) to a stub, addressed by message anchor.
     with server.client() as http:

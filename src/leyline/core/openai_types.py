@@ -167,10 +167,16 @@ class ChatChoice(_Strict):
     logprobs: ChoiceLogprobs | None = None
 
 
+class PromptTokensDetails(_Strict):
+    cached_tokens: int
+    """Prompt tokens whose KV was reused rather than computed (OpenAI's field)."""
+
+
 class Usage(_Strict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class ChatCompletion(_Strict):

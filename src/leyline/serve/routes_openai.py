@@ -26,6 +26,7 @@ from leyline.core.openai_types import (
     CompletionRequest,
     ModelCard,
     ModelList,
+    PromptTokensDetails,
     TokenLogprob,
     TopLogprob,
     Usage,
@@ -113,10 +114,12 @@ async def _respond(
 
 def _usage(reply: Reply) -> Usage:
     completion = len(reply.generation.tokens)
+    cached = min(reply.leyline.reused_tokens, reply.prompt_tokens)
     return Usage(
         prompt_tokens=reply.prompt_tokens,
         completion_tokens=completion,
         total_tokens=reply.prompt_tokens + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
     )
 
 
