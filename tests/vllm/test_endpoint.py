@@ -72,3 +72,13 @@ def test_runtime_refusal_names_what_is_missing() -> None:
     for refused in (config(None), config("LMCacheConnectorV1"), config("LeylineConnector", False)):
         refusal = runtime_refusal(refused)
         assert refusal is not None and refusal.reason is FallbackReason.unsupported_runtime
+
+
+def test_a_session_leaves_room_for_a_builds_filler_and_one_token() -> None:
+    from leyline.vllm.build import padded
+    from leyline.vllm.endpoint import session_cap
+
+    for max_model_len, block in [(4096, 128), (2048, 128), (2000, 128), (100, 32)]:
+        cap = session_cap(max_model_len, block)
+        assert len(padded(range(cap), block)) + 1 <= max_model_len
+        assert cap > max_model_len - 2 * block - 1

@@ -153,7 +153,12 @@ def backend_for(tokenizer_manager: Any, *, tenants: bool = False) -> SglangBacke
     return SglangBackend(
         link,
         tokenizer_manager.tokenizer,  # None with --skip-tokenizer-init: token ids only
-        limits=Limits(max_session_tokens=int(tokenizer_manager.context_len)),
+        # SGLang refuses an input of context_len tokens or more (a ValueError, not a
+        # typed error): sessions and skills stay below it.
+        limits=Limits(
+            max_session_tokens=int(tokenizer_manager.context_len) - 1,
+            max_skill_tokens=int(tokenizer_manager.context_len) - 1,
+        ),
         vocab_size=int(config.vocab_size),
         model_name=str(name),
         tenant_secret=secrets.token_bytes(32) if tenants else None,

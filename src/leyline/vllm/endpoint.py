@@ -96,16 +96,23 @@ async def backend_for(engine_client: Any, args: Any) -> VllmBackend:
     if inspect.isawaitable(tokenizer):
         tokenizer = await tokenizer
     names = getattr(args, "served_model_name", None) or [model.served_model_name or model.model]
+    block = int(config.cache_config.block_size)
     return VllmBackend(
         EngineRunner(engine_client),
         tokenizer,
-        limits=Limits(max_session_tokens=int(model.max_model_len)),
+        limits=Limits(max_session_tokens=session_cap(int(model.max_model_len), block)),
         vocab_size=int(model.get_vocab_size()),
-        block_size=int(config.cache_config.block_size),
+        block_size=block,
         model_name=str(names[0]),
         stop_token_ids=_stop_ids(tokenizer),
         refusal=runtime_refusal(config),
     )
+
+
+def session_cap(max_model_len: int, block_size: int) -> int:
+    """The longest session: a build pads a sequence with filler to its block's end
+    (``build.padded``) and then generates one token, all within ``max_model_len``."""
+    return max(1, (max_model_len - 1) // block_size * block_size - 1)
 
 
 def runtime_refusal(config: Any) -> SpliceUnsupportedError | None:
