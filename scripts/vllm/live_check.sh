@@ -11,8 +11,10 @@
 # tests/live from the main .venv against it (LEYLINE_LIVE_BACKEND=vllm; the reference
 # engine on the same weights), then `leyline eval robustness --base-url` (fuzz, lost updates,
 # redaction, cross-session, cross-salt), prints the measured figures, and stops the server.
-# The server is stopped on every exit, also on failure or interrupt; exit 1 if anything
-# failed, and then the run files (server log, figures) stay in a temp dir.
+# Then tenants: a second server with API keys (LEYLINE_API_KEYS_FILE, two tenants), the
+# suite's tenant test and the robustness eval's tenant checks against it.
+# Servers are stopped on every exit, also on failure or interrupt; exit 1 if anything
+# failed, and then the run files (server logs, figures) stay in a temp dir.
 #
 # SmolLM2 only: vLLM's CPU build turns prefix caching off for MLA models unless the CPU has
 # AMX (docs/reports/vllm-probe.md), and with no prefix cache there is nothing to splice into;
@@ -38,7 +40,7 @@ connector='{"kv_connector":"LeylineConnector","kv_connector_module_path":"leylin
 
 [[ -x $python ]] || { echo "no $python: run make setup first" >&2; exit 1; }
 run=$(mktemp -d "${TMPDIR:-/tmp}/leyline-vllm-live.XXXXXX")
-trap 'bash "$server" stop "$run"' EXIT
+trap 'bash "$server" stop "$run"; bash "$server" stop "$run/tenants"' EXIT
 trap 'exit 130' INT TERM
 
 # phase MESSAGE: a phase's progress line; phase_done NAME: its wall time.
@@ -50,11 +52,11 @@ phase() {
 phase_done() { say "    $1: $((SECONDS - phase_started)) s"; }
 
 if [[ ${LEYLINE_VLLM_DEVICE:-cpu} == cpu ]]; then
-  phase "1/5 .venv-vllm (built once, reused while the pins and pyproject.toml match)"
+  phase "1/6 .venv-vllm (built once, reused while the pins and pyproject.toml match)"
   bash scripts/vllm/setup_env.sh | sed 's/^/    /'
   phase_done "venv"
 else
-  phase "1/5 ${LEYLINE_VLLM_VENV:?set LEYLINE_VLLM_VENV to a venv with vllm on CUDA}: vllm and CUDA"
+  phase "1/6 ${LEYLINE_VLLM_VENV:?set LEYLINE_VLLM_VENV to a venv with vllm on CUDA}: vllm and CUDA"
   "$LEYLINE_VLLM_VENV/bin/python" -c '
 import importlib.metadata as md, torch
 assert torch.cuda.is_available(), "no CUDA device"
@@ -64,12 +66,12 @@ print(f"    vllm {md.version(\"vllm\")}, torch {torch.__version__}, {torch.cuda.
   phase_done "venv"
 fi
 
-phase "2/5 the model directory (from the main venv's SmolLM2 wheel; built once into the cache)"
+phase "2/6 the model directory (from the main venv's SmolLM2 wheel; built once into the cache)"
 model=$("$python" -m leyline.sglang.live_models smollm2)
 say "    smollm2: $model"
 phase_done "model"
 
-phase "3/5 a server with the plugins and the connector"
+phase "3/6 a server with the plugins and the connector"
 port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # The test plugin reads these in the server (API server and worker); the tests touch them.
 export LEYLINE_LIVE_ROTATION_OFF_FLAG=$run/rotation-off
@@ -83,7 +85,7 @@ fi
 phase_done "server start"
 
 if ((${#failed[@]} == 0)); then
-  phase "4/5 the live contract suite tests/live against it (at most $test_timeout s)"
+  phase "4/6 the live contract suite tests/live against it (at most $test_timeout s)"
   if ! LEYLINE_LIVE_BACKEND=vllm LEYLINE_LIVE_URL=http://127.0.0.1:$port \
     LEYLINE_LIVE_MODEL=$model LEYLINE_LIVE_REPORT=$run/figures.jsonl \
     timeout "$test_timeout" "$python" -m pytest -q -p no:cacheprovider tests/live; then
@@ -91,7 +93,7 @@ if ((${#failed[@]} == 0)); then
     tail -n 30 "$run/server.log" | sed 's/^/    server.log: /'
   fi
   phase_done "live suite"
-  phase "5/5 leyline eval robustness --base-url (the contract leyline serve passes)"
+  phase "5/6 leyline eval robustness --base-url (the contract leyline serve passes)"
   if ! timeout "$test_timeout" .venv/bin/leyline eval robustness \
     --base-url "http://127.0.0.1:$port" --model-dir "$model" --fast --no-progress \
     --out "$run/robustness" | sed 's/^/    /'; then
@@ -100,6 +102,32 @@ if ((${#failed[@]} == 0)); then
   phase_done "robustness"
   bash "$server" stop "$run" | sed 's/^/    /'
   [[ ! -f $run/figures.jsonl ]] || "$python" scripts/live_report.py "$run/figures.jsonl"
+
+  phase "6/6 tenants: a server with API keys (two tenants), the tenant test and checks"
+  mkdir -p "$run/tenants"
+  key() { head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+  alpha=$(key) bravo=$(key)
+  printf 'alpha %s\nbravo %s\n' "$alpha" "$bravo" >"$run/tenants/keys"
+  if ! LEYLINE_API_KEYS_FILE=$run/tenants/keys VLLM_PLUGINS=leyline \
+    bash "$server" start "$run/tenants" "$model" "$port" \
+    --served-model-name default --kv-transfer-config "$connector" | sed 's/^/    /'; then
+    failed+=("tenants server start")
+  else
+    if ! LEYLINE_LIVE_BACKEND=vllm LEYLINE_LIVE_URL=http://127.0.0.1:$port \
+      LEYLINE_LIVE_MODEL=$model LEYLINE_API_KEYS_FILE=$run/tenants/keys \
+      timeout "$test_timeout" "$python" -m pytest -q -p no:cacheprovider \
+      tests/live/test_tenants.py; then
+      failed+=("tenant test")
+    fi
+    if ! timeout "$test_timeout" .venv/bin/leyline eval robustness \
+      --base-url "http://127.0.0.1:$port" --fast --no-progress --out "$run/tenants/robustness" \
+      --api-key "$alpha" --api-key-b "$bravo" \
+      --checks fuzz,lost_updates,redaction,cross_tenant,cross_salt | sed 's/^/    /'; then
+      failed+=("tenants robustness")
+    fi
+    bash "$server" stop "$run/tenants" | sed 's/^/    /'
+  fi
+  phase_done "tenants"
 fi
 
 if ((${#failed[@]})); then

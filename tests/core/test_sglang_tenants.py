@@ -24,8 +24,8 @@ from leyline.core.sessions import SessionStore
 from leyline.protocol import Limits, Path
 from leyline.protocol.directives import ComposeDirective
 from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCreate
+from leyline.serve.tenant_keys import TenantKeys, tenants_from_env
 from leyline.sglang.backend import SglangBackend
-from leyline.sglang.tenant_keys import TenantKeys, tenants_from_env
 
 from .scripted_scheduler import ScriptedScheduler
 

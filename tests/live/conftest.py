@@ -15,7 +15,7 @@ SmolLM2) each start their servers, run this suite against each, and stop them. B
 are sent, ``_plain.py``, and what the backend builds for an edit, ``_built.py``);
 ``LEYLINE_LIVE_MODEL`` is the directory the server was started on (the reference engine
 loads the same weights). A test marked ``@pytest.mark.backends(...)`` checks what only those
-backends offer (COMPOSE, tenants, SGLang's load reports) and is deselected on the others.
+backends offer (COMPOSE, SGLang's load reports) and is deselected on the others.
 Without ``LEYLINE_LIVE_URL`` nothing here is collected: no server means no test, not a skip
 that reads as a pass.
 """

@@ -12,6 +12,7 @@ session gets ``unknown_session``.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 import uuid
@@ -32,6 +33,17 @@ DEFAULT_TENANT = "default"
 def salt_of(tenant: str, cache_salt: str | None = None) -> str:
     """The shared-cache partition of a tenant (and of a ``cache_salt`` inside it)."""
     return tenant if cache_salt is None else f"{tenant}\x00{cache_salt}"
+
+
+TENANT_NAMESPACE_PREFIX = "leyline-tenant-"
+
+
+def tenant_namespace(secret: bytes, tenant: str, cache_salt: str | None) -> str:
+    """The namespace of a tenant's KV (of its ``cache_salt``, if any): derived with a
+    secret of the server process, so no other tenant and no plain request can name it
+    (sessions live in that process only, so the names need not outlive it)."""
+    name = f"{tenant}\x00{cache_salt or ''}".encode()
+    return TENANT_NAMESPACE_PREFIX + hmac.new(secret, name, "sha256").hexdigest()[:32]
 
 
 @dataclass(eq=False)

@@ -10,7 +10,6 @@ exact prefill of its tokens (kept past a splice, a composed block) is built in a
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import Collection, Coroutine, Sequence
@@ -28,7 +27,7 @@ from leyline.core.salted_session import (
     new_private_salt,
     private_namespace,
 )
-from leyline.core.sessions import DEFAULT_TENANT
+from leyline.core.sessions import DEFAULT_TENANT, tenant_namespace
 from leyline.core.turns import Cancelled, GenerationResult, Outcome, Turn
 from leyline.protocol import (
     PROTOCOL_VERSION,
@@ -137,8 +136,7 @@ class SglangBackend(HostBackend[SaltedSession]):
         """
         if self._tenant_secret is None:
             return cache_salt
-        name = f"{tenant}\x00{cache_salt or ''}".encode()
-        return "leyline-tenant-" + hmac.new(self._tenant_secret, name, "sha256").hexdigest()[:32]
+        return tenant_namespace(self._tenant_secret, tenant, cache_salt)
 
     def open(self, salt: str) -> SaltedSession:
         # ``salt`` is the core's partition: the tenant, then the session's cache_salt.

@@ -25,9 +25,9 @@ from leyline.protocol.resources import API_PREFIX
 from leyline.serve.openai_dispatch import LeylineDispatch, leyline_openai_app
 from leyline.serve.service import LeylineService
 from leyline.serve.settings import ServerSettings
+from leyline.serve.tenant_keys import TenantKeys, tenants_from_env
 from leyline.sglang.backend import SglangBackend
 from leyline.sglang.link import Generated, SchedulerAnswer, SchedulerOrder
-from leyline.sglang.tenant_keys import TenantKeys, tenants_from_env
 from leyline.sglang.wire import LeylineSpliceReqInput, LeylineSpliceReqOutput, from_wire, to_wire
 
 

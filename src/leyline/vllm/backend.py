@@ -29,6 +29,7 @@ from leyline.core.salted_session import (
     new_private_salt,
     private_namespace,
 )
+from leyline.core.sessions import tenant_namespace
 from leyline.core.turns import Cancelled, GenerationResult, Outcome, Turn
 from leyline.protocol import (
     PROTOCOL_VERSION,
@@ -49,7 +50,8 @@ from leyline.vllm.runner import PREFILL, Ran, Runner
 logger = logging.getLogger(__name__)
 
 RESERVED_SALT_PREFIX = "leyline-"
-"""Salts the backend mints for private namespaces; no client may name one."""
+"""Salts the backend mints for private namespaces and tenants' namespaces
+(``core.sessions.TENANT_NAMESPACE_PREFIX``); no client may name one."""
 
 
 def reserved_salt_error() -> LeylineError:
@@ -91,6 +93,7 @@ class VllmBackend(HostBackend[VllmSession]):
         model_name: str = "",
         stop_token_ids: Collection[int] = (),
         refusal: SpliceUnsupportedError | None = None,
+        tenant_secret: bytes | None = None,
     ) -> None:
         super().__init__(
             tokenizer,
@@ -104,6 +107,9 @@ class VllmBackend(HostBackend[VllmSession]):
         self.block_size = block_size
         self.refusal = refusal
         """Why no order can run here (no ``LeylineConnector`` configured), or None."""
+        self._tenant_secret = tenant_secret
+        """With API keys (``LEYLINE_API_KEYS_FILE``): each tenant's KV in namespaces named
+        with this secret (``namespace_of``); None: one tenant."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def capabilities(self) -> Capabilities:
@@ -117,7 +123,7 @@ class VllmBackend(HostBackend[VllmSession]):
             architectures=[] if self.refusal is not None else ["gqa"],
             models=[self.model_name] if self.model_name else [],
             limits=self._limits,
-            tenants=False,
+            tenants=self._tenant_secret is not None,
             cache_salt=True,
         )
 
@@ -140,12 +146,22 @@ class VllmBackend(HostBackend[VllmSession]):
 
     # -- handles ------------------------------------------------------------------------
 
+    def namespace_of(self, tenant: str, cache_salt: str | None = None) -> str | None:
+        """The ``cache_salt`` a tenant's exact KV is cached under (of the session's own
+        ``cache_salt``, if any): as given without tenants, so a session shares KV with the
+        plain requests that carry the same salt (none: vLLM's public namespace); with
+        tenants, a reserved name derived with the process's secret, which no other tenant
+        and no plain request can send."""
+        if self._tenant_secret is None:
+            return cache_salt
+        return tenant_namespace(self._tenant_secret, tenant, cache_salt)
+
     def open(self, salt: str) -> VllmSession:
         # ``salt`` is the core's partition: the tenant, then the session's cache_salt.
-        _tenant, sep, cache_salt = salt.partition("\x00")
+        tenant, sep, cache_salt = salt.partition("\x00")
         if sep and cache_salt.startswith(RESERVED_SALT_PREFIX):
             raise reserved_salt_error()
-        return VllmSession(shared_salt=cache_salt if sep else None)
+        return VllmSession(shared_salt=self.namespace_of(tenant, cache_salt if sep else None))
 
     def close(self, handle: VllmSession) -> None:
         # A private namespace holds KV nobody else may read: purged now rather than left

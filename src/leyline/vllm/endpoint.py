@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -28,6 +29,7 @@ from leyline.serve.errors import install_error_handlers
 from leyline.serve.openai_dispatch import ROUTED, LeylineDispatch, leyline_openai_app
 from leyline.serve.service import LeylineService
 from leyline.serve.settings import ServerSettings
+from leyline.serve.tenant_keys import TenantKeys, tenants_from_env
 from leyline.vllm.backend import (
     RESERVED_SALT_PREFIX,
     VllmBackend,
@@ -69,27 +71,33 @@ class LeylineEndpoint:
         if int(config.parallel_config.data_parallel_size) > 1:
             logger.warning("leyline: not served with data parallelism (sessions are not routed)")
             return
-        backend = await backend_for(engine_client, args)
+        tenants = tenants_from_env()  # a malformed keys file stops the server here, loudly
+        backend = await backend_for(engine_client, args, tenants=tenants is not None)
         if backend.refusal is not None:
             logger.warning("leyline: every edit is refused: %s", backend.refusal.message)
-        self.mounted = mount(backend)
+        self.mounted = mount(backend, tenants)
 
 
-def mount(backend: VllmBackend) -> Mounted:
-    """The service over ``backend`` and the two apps the middleware sends requests to."""
+def mount(backend: VllmBackend, tenants: dict[str, str] | None = None) -> Mounted:
+    """The service over ``backend`` and the two apps the middleware sends requests to;
+    with ``tenants`` (key -> tenant), both ask for a tenant's key. vLLM's own routes keep
+    vLLM's own ``--api-key``."""
     service = LeylineService(backend, ServerSettings(), model_name=backend.model_name)
     routes = leyline_router(service.core)
     app = FastAPI(redirect_slashes=False, openapi_url=None, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.include_router(routes)
     app.include_router(unmatched_router(API_PREFIX, routes))  # the protocol's 404 there
-    openai = leyline_openai_app(cast(Any, service))  # SGLang's dispatch, any session type
-    return Mounted(service, app, openai)
+    openai: ASGIApp = leyline_openai_app(cast(Any, service))  # any session type
+    if tenants is None:
+        return Mounted(service, app, openai)
+    return Mounted(service, TenantKeys(app, tenants=tenants), TenantKeys(openai, tenants=tenants))
 
 
-async def backend_for(engine_client: Any, args: Any) -> VllmBackend:
+async def backend_for(engine_client: Any, args: Any, *, tenants: bool = False) -> VllmBackend:
     """The backend for this server: its tokenizer, vocabulary, context and block size, and
-    why orders cannot run (no ``LeylineConnector``, no prefix cache), if they cannot."""
+    why orders cannot run (no ``LeylineConnector``, no prefix cache), if they cannot; with
+    ``tenants``, each tenant's KV in namespaces named with a secret of this process."""
     config = engine_client.vllm_config
     model = config.model_config
     tokenizer = engine_client.get_tokenizer()
@@ -106,6 +114,7 @@ async def backend_for(engine_client: Any, args: Any) -> VllmBackend:
         model_name=str(names[0]),
         stop_token_ids=_stop_ids(tokenizer),
         refusal=runtime_refusal(config),
+        tenant_secret=secrets.token_bytes(32) if tenants else None,
     )
 
 

@@ -1,10 +1,10 @@
-"""API keys -> tenants for the plugin's own requests, leaving SGLang's routes alone.
+"""API keys -> tenants for a host plugin's own requests, leaving the host's routes alone.
 
-``leyline serve`` checks every route (``http.access.Access``). On SGLang the plugin owns
-only the ``/leyline/v1`` routes and the chat / completions requests that carry a
-``leyline`` object; SGLang's own routes keep SGLang's own ``--api-key``. So this middleware
-checks the key only where the plugin answers and sets ``request.state.tenant`` there,
-as the core's routes read it (``core.routes.tenant_of``).
+``leyline serve`` checks every route (``http.access.Access``). Inside SGLang or vLLM the
+plugin owns only the ``/leyline/v1`` routes and the chat / completions requests that carry
+a ``leyline`` object; the host's own routes keep the host's own ``--api-key``. So this
+middleware checks the key only where the plugin answers and sets ``request.state.tenant``
+there, as the core's routes read it (``core.routes.tenant_of``).
 """
 
 from __future__ import annotations
