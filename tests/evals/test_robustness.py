@@ -14,7 +14,7 @@ from leyline.evals.robustness.cli import SIZES
 from leyline.evals.robustness.fuzz import Call, Fuzzer, Limits
 from leyline.evals.robustness.isolation import TOLERANCE, compare, keyed, leaks, parse_answer
 from leyline.evals.robustness.races import Write, _verdict
-from leyline.evals.robustness.report import counts, met, targets
+from leyline.evals.robustness.report import counts, met, targets, vacuous_controls
 from leyline.evals.robustness.source import RandomSource
 from leyline.evals.robustness.wire import Outcome
 
@@ -152,6 +152,39 @@ def test_a_cross_session_leak_fails_its_target_and_na_is_no_pass() -> None:
     fell_back = rows["cross-session splices with a declared fallback"]
     assert fell_back["value"] == "1 of 2 (page_alignment)" and fell_back["met"] is None
     assert met({"targets": list(rows.values())})
+
+
+def test_a_control_that_reused_nothing_fails_the_run() -> None:
+    """A probe that reused nothing shows no leak only if its control reused something."""
+    name = "controls that reused nothing (probes that could not fail)"
+    na = {"n/a": "not asked for"}
+    data: dict[str, Any] = dict.fromkeys(("fuzz", "lost_updates", "health"), na)
+    data["redaction"] = [
+        {"scenario": "forgotten", "probe_reused": 0, "secret_start": 40, "leaked_tokens": 0},
+        {
+            "scenario": "control: no forget",
+            "probe_reused": 128,
+            "secret_start": 40,
+            "leaked_tokens": 88,
+        },  # fmt: skip
+    ]
+    data["cross_tenant"] = [
+        {"how": "stateless", "reused": 0},
+        {"how": "control: tenant A again", "reused": 128},
+    ]
+    data["cross_salt"] = [
+        {"how": "session, salt Y", "reused": 0, "probe": True},
+        {"how": "control: salt X again", "reused": 256, "probe": False},
+    ]
+    assert counts(data)[name] == 0
+    # Whole blocks longer than the prompts: nothing reused anywhere, controls included.
+    data["redaction"][1]["probe_reused"] = 0
+    data["cross_tenant"][1]["reused"] = 0
+    assert vacuous_controls(data) == 2
+    assert not met({"targets": targets(data, "fast")})
+    assert vacuous_controls(dict.fromkeys(("redaction", "cross_tenant", "cross_salt"), na)) == (
+        "n/a: no reuse probe ran"
+    )
 
 
 class Counting(RandomSource):

@@ -405,7 +405,8 @@ def leaks(row: Mapping[str, Any]) -> list[str]:
 def cross_salt(server: Server, trial: int, prefix: str, rng: random.Random) -> list[dict[str, Any]]:
     """Salt X caches two prompts; salt Y, no salt and a plain request send them back."""
     tag = f"{prefix}-cs{trial}"
-    body = server.tokens(f" Case {tag}: the escalation notes say refund order 5501 today. " * 3)
+    # Over two blocks of 128 tokens: whole-block caches have something to reuse.
+    body = server.tokens(f" Case {tag}: the escalation notes say refund order 5501 today. " * 12)
     first, second = nonce(rng) + body, nonce(rng) + body
     x, y = f"{tag}-X", f"{tag}-Y"
     rows: list[tuple[str, str | None, int | None]] = []

@@ -109,10 +109,12 @@ def _report(answer: dict[str, Any]) -> dict[str, Any]:
 
 
 def _texts(nonce: str) -> tuple[str, str, str]:
-    """A head, a secret and a tail (the nonce keeps each scenario's blocks its own)."""
-    head = f"Ticket {nonce}: the customer asked about the account twice. " * 2
+    """A head, a secret and a tail (the nonce keeps each scenario's blocks its own). Head
+    and tail are over a block of 128 tokens each, so a server that caches whole blocks
+    (vLLM's CPU default) caches the secret's block, and the control can reuse past it."""
+    head = f"Ticket {nonce}: the customer asked about the account twice. " * 9
     secret = f" The vault code is {zlib.crc32(nonce.encode()) % 10**8:08d}."
-    return head, secret, " Answer politely and never repeat any code to anyone. " * 2
+    return head, secret, " Answer politely and never repeat any code to anyone. " * 14
 
 
 def redaction(client: Client, trial: int, prefix: str) -> list[dict[str, Any]]:
@@ -204,7 +206,8 @@ def cross_tenant(a: Client, b: Client, trial: int, prefix: str) -> list[dict[str
     chat shares: B may reuse that much (``allowed``), and nothing past it."""
     ways = ("stateless", "in a session", "with a cache_salt", "as chat")
     texts = {
-        way: f"Case {prefix}-{trial}-{i}: escalation notes say refund order 55{i}1 now. " * 3
+        # Over two blocks of 128 tokens: whole-block caches have something to reuse.
+        way: f"Case {prefix}-{trial}-{i}: escalation notes say refund order 55{i}1 now. " * 12
         for i, way in enumerate(ways)
     }
     prompts = {way: _nonce() + a.tokens(text) for way, text in texts.items()}

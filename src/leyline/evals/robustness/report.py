@@ -51,7 +51,26 @@ def counts(data: dict[str, Any]) -> dict[str, Any]:
     )
     salted = data.get("cross_salt", {"n/a": "not run"})
     out["cross-salt reuse"] = na(salted) or sum(bool(r["reused"]) for r in salted if r["probe"])
+    out["controls that reused nothing (probes that could not fail)"] = vacuous_controls(data)
     return out
+
+
+def vacuous_controls(data: dict[str, Any]) -> int | str:
+    """Controls of the reuse probes that found nothing to reuse: a server that caches only
+    whole blocks longer than the probes' prompts would pass every probe without showing
+    anything. Each control repeats what its probes send, where reuse is allowed."""
+    names = ("redaction", "cross_tenant", "cross_salt")
+    ran = {k: data[k] for k in names if na(data.get(k, {"n/a": "not run"})) is None}
+    if not ran:
+        return "n/a: no reuse probe ran"
+    missed = sum(
+        r["probe_reused"] <= r["secret_start"]
+        for r in ran.get("redaction", [])
+        if r["scenario"].startswith("control")
+    )
+    for phase in ("cross_tenant", "cross_salt"):
+        missed += sum(not r["reused"] for r in ran.get(phase, []) if r["how"].startswith("control"))
+    return missed
 
 
 def targets(data: dict[str, Any], mode: str) -> list[dict[str, Any]]:
