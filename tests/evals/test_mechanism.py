@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import openai
 import pytest
 
-from leyline.evals.mechanism.replay import Sample, reusable_tokens
-from leyline.evals.mechanism.stats import agreement, pct, summarize
+from leyline.evals.mechanism import cli
+from leyline.evals.mechanism.metrics import (
+    CounterError,
+    Selector,
+    SelectorError,
+    ServerCounter,
+    counter_sum,
+    metrics_url,
+    parse_selector,
+)
+from leyline.evals.mechanism.replay import Sample, Settings, reusable_tokens, run_level
+from leyline.evals.mechanism.report import concurrency_note, counter_table
+from leyline.evals.mechanism.stats import agreement, overall, pct, summarize
 from leyline.evals.mechanism.synthetic import synthetic_trajectories
 from leyline.evals.mechanism.trajectories import bundled_debug_gym, from_debug_gym_run, load
 
@@ -105,6 +121,192 @@ def test_reusable_tokens_are_the_prompt_tokens_found_in_order_in_the_revision() 
     assert reusable_tokens([1, 2, 3, 4, 5, 6], [1, 2, 9, 9, 5, 6, 7]) == 4
     assert reusable_tokens([], [1, 2]) == 0
     assert reusable_tokens([1, 2, 3], [3, 2, 1]) == 1  # order matters: one can be kept
+
+
+LOCAL = 'vllm:prompt_tokens_by_source_total{source="local_compute"}'
+
+# What vLLM's /metrics looks like (prometheus_client's text format): HELP/TYPE lines, the
+# engine and model_name labels on every series, a _created series beside each counter.
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="lm"} 0.0
+vllm:num_requests_running{engine="1",model_name="lm"} 2.0 1733558400000
+# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.
+# TYPE vllm:prompt_tokens_by_source_total counter
+vllm:prompt_tokens_by_source_total{engine="0",model_name="lm",source="local_compute"} 5.5717e+04
+vllm:prompt_tokens_by_source_total{engine="0",model_name="lm",source="local_cache_hit"} 8473.0
+vllm:prompt_tokens_by_source_total{engine="1",model_name="lm",source="local_compute"} 1283.0
+vllm:prompt_tokens_by_source_total{engine="1",model_name="lm",source="external_kv_transfer"} 0.0
+# HELP vllm:prompt_tokens_by_source_created Number of prompt tokens by source.
+# TYPE vllm:prompt_tokens_by_source_created gauge
+vllm:prompt_tokens_by_source_created{engine="0",model_name="lm",source="local_compute"} 1.73e+09
+
+# HELP http_requests_total Total number of requests by method, status and handler.
+# TYPE http_requests_total counter
+http_requests_total{handler="/a,\\"b\\"",method="POST",status="2xx"} 96.0
+http_requests_total{handler="/v1/chat/completions",method="POST",status="2xx"} 4.0
+"""
+
+
+def test_selectors_parse_with_and_without_labels() -> None:
+    assert parse_selector("vllm:num_requests_running") == Selector("vllm:num_requests_running")
+    assert parse_selector(LOCAL).labels == (("source", "local_compute"),)
+    assert str(parse_selector(LOCAL)) == LOCAL
+    spaced = parse_selector(' m{a = "x" , b="y",} ')  # blanks and a trailing comma
+    assert spaced == Selector("m", (("a", "x"), ("b", "y")))
+    assert parse_selector("m{}") == Selector("m")
+    # Escaped backslash, quote and newline; a comma and a brace inside the quotes.
+    escaped = parse_selector(r'm{path="a\\b \"q\", {x}",nl="1\n2"}')
+    assert escaped.labels == (("path", 'a\\b "q", {x}'), ("nl", "1\n2"))
+    assert parse_selector(str(escaped)) == escaped
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        '{a="b"}',  # no name
+        "m{",
+        'm{a="b"',  # no closing brace
+        "m{a=b}",  # value not quoted
+        'm{a="b}',  # unterminated value
+        'm{a="b" c="d"}',  # no comma
+        'm{a="1",a="2"}',  # a label twice
+        'm{1a="b"}',
+        r'm{a="\x"}',  # no such escape
+        'm{a="b"} 1',  # a sample line, not a selector
+        "m-x",
+    ],
+)
+def test_malformed_selectors_are_rejected(text: str) -> None:
+    with pytest.raises(SelectorError):
+        parse_selector(text)
+    assert issubclass(SelectorError, ValueError)
+
+
+def test_counter_sums_the_series_that_carry_the_selectors_labels() -> None:
+    assert counter_sum(VLLM_METRICS, parse_selector(LOCAL)) == 55717 + 1283
+    every_source = parse_selector("vllm:prompt_tokens_by_source_total")
+    assert counter_sum(VLLM_METRICS, every_source) == 55717 + 8473 + 1283
+    engine = 'vllm:prompt_tokens_by_source_total{engine="1",source="local_compute"}'
+    assert counter_sum(VLLM_METRICS, parse_selector(engine)) == 1283
+    assert counter_sum(VLLM_METRICS, parse_selector("vllm:num_requests_running")) == 2.0
+    quoted = parse_selector(r'http_requests_total{handler="/a,\"b\""}')
+    assert counter_sum(VLLM_METRICS, quoted) == 96.0
+
+
+def test_a_selector_matching_nothing_names_what_is_there() -> None:
+    other = 'vllm:prompt_tokens_by_source_total{source="remote"}'
+    with pytest.raises(CounterError, match=r'source="remote"') as caught:
+        counter_sum(VLLM_METRICS, parse_selector(other))
+    assert 'source="local_cache_hit"' in str(caught.value)  # the series of that name
+    with pytest.raises(CounterError, match="vllm:num_requests_running") as caught:
+        counter_sum(VLLM_METRICS, parse_selector("vllm:prompt_tokens_total"))
+    assert "http_requests_total" not in str(caught.value)  # only the vllm: ones
+    with pytest.raises(CounterError, match="http_requests_total"):
+        counter_sum(VLLM_METRICS, parse_selector("http_request_total"))  # the nearest
+
+
+@pytest.mark.parametrize("line", ["m", 'm{a="b"}', "m 1 2 3", "m x", "m{a=1} 2", "m-1 2"])
+def test_malformed_exposition_lines_are_rejected(line: str) -> None:
+    with pytest.raises(ValueError, match="exposition line 2"):
+        counter_sum("# TYPE m counter\n" + line + "\n", Selector("m"))
+
+
+def _cli_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_cli_takes_a_server_counter_only_with_a_base_url(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.run(_cli_args("--server-counter", LOCAL)) == 2
+    assert "--server-counter needs --base-url" in capsys.readouterr().err
+    malformed = _cli_args("--base-url", "http://127.0.0.1:9/v1", "--server-counter", "m{a=b}")
+    assert cli.run(malformed) == 2
+    assert "not quoted" in capsys.readouterr().err
+
+
+@pytest.fixture
+def metrics_server() -> Iterator[tuple[str, list[str], list[float]]]:
+    """A stdlib HTTP server whose /metrics gives the next of ``values`` on each GET (the
+    last one again when they run out): (its OpenAI base URL, the paths asked, values)."""
+    paths: list[str] = []
+    values: list[float] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            paths.append(self.path)
+            value = values[min(len(paths), len(values)) - 1]
+            body = VLLM_METRICS.replace("5.5717e+04", repr(value)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", paths, values
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_run_level_reads_the_counter_around_each_arms_clients(
+    metrics_server: tuple[str, list[str], list[float]],
+) -> None:
+    base_url, paths, values = metrics_server
+    # Zero turns: each arm's clients start and finish without a chat request, so the only
+    # traffic is the counter's; each arm's growth is its own pair of reads.
+    settings = Settings(levels=(2,), turns=0, arms_apart=True)
+    pool = synthetic_trajectories(1, seed=0)
+    base = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    values += [100.0, 130.0, 130.0, 210.5]
+    counter = ServerCounter(metrics_url(base_url), parse_selector(LOCAL))
+    samples, grown = run_level(base, settings, pool, 2, lambda: None, "t", counter)
+    assert samples == [] and paths == ["/metrics"] * 4
+    assert grown == {"splice": 30.0, "reprefill": 80.5}  # plus engine 1's 1283, both reads
+    # Without a counter: nothing read; with one and the arms together: refused.
+    assert run_level(base, settings, pool, 2, lambda: None, "t") == ([], {})
+    assert len(paths) == 4
+    together = dataclasses.replace(settings, arms_apart=False)
+    with pytest.raises(ValueError, match="arms apart"):
+        run_level(base, together, pool, 2, lambda: None, "t", counter)
+    with pytest.raises(CounterError, match="no series matches"):
+        ServerCounter(metrics_url(base_url), parse_selector("vllm:nope_total"))()
+
+
+def test_counter_growth_in_the_summary_and_its_table() -> None:
+    samples = [
+        _sample("splice", 1, token="a", reused=0, prefilled=100, e2e=1.0),
+        _sample("reprefill", 1, token="a", reused=0, prefilled=100, e2e=1.0),
+        _sample("splice", 2, token="b", reused=180, prefilled=20, e2e=1.0),
+        _sample("reprefill", 2, token="c", reused=100, prefilled=100, e2e=3.0),
+    ]
+    assert "server_counter" not in summarize(samples)["1"]["splice"]  # none asked
+    grown = {1: {"splice": 150.0, "reprefill": 200.5}}
+    table, facts = summarize(samples, grown), overall(samples, grown)
+    row = table["1"]
+    assert row["splice"]["server_counter"] == 150.0
+    assert row["reprefill"]["server_counter"] == 200.5
+    assert row["ratio_server_counter"] == pytest.approx(150 / 200.5)
+    assert facts["server_counter"] == {"splice": 150.0, "reprefill": 200.5}
+    assert facts["ratio_server_counter"] == pytest.approx(150 / 200.5)
+    text = counter_table(table, facts, LOCAL)
+    # Integral counts print as integers; next to them the report's prefilled 120 / 200.
+    assert f"| 1 | `{LOCAL}` | 150 | 200.5 | 0.75 | 0.60 |" in text
+    assert f"| all | `{LOCAL}` | 150 | 200.5 | 0.75 | 0.60 |" in text
+    assert "implies --arms-apart" in concurrency_note("http://h/v1", True, counter=True)
+    assert "implies" not in concurrency_note("http://h/v1", True)
 
 
 def run_cli(argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -84,6 +84,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "instead of both arms turn by turn: each arm's latency then carries only the "
         "queueing its own work causes",
     )
+    parser.add_argument(
+        "--server-counter",
+        metavar="SELECTOR",
+        help="--base-url: a Prometheus counter on the server's /metrics, as name or "
+        'name{label="value",...} (e.g. vLLM\'s '
+        'vllm:prompt_tokens_by_source_total{source="local_compute"}), summed over the '
+        "series that carry those labels; reports its growth while each arm's clients ran, "
+        "by level (implies --arms-apart)",
+    )
     add_run_options(
         parser,
         out="results folder (default results/mechanism-TIME)",
@@ -92,6 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .metrics import CounterError, parse_selector
     from .replay import Settings
     from .run import Options, run_mechanism
     from .trajectories import load
@@ -102,6 +112,16 @@ def run(args: argparse.Namespace) -> int:
     if turns < 1:
         print("leyline eval mechanism: --turns must be >= 1", file=sys.stderr)
         return 2
+    selector = None
+    if args.server_counter is not None:
+        if not args.base_url:
+            print("leyline eval mechanism: --server-counter needs --base-url", file=sys.stderr)
+            return 2
+        try:
+            selector = parse_selector(args.server_counter)
+        except ValueError as exc:
+            print(f"leyline eval mechanism: --server-counter: {exc}", file=sys.stderr)
+            return 2
     try:
         pool = load(
             [s.strip() for s in args.trajectories.split(",") if s.strip()],
@@ -121,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         pool=tuple(pool),
         overhead_reps=reps,
         progress=not args.no_progress,
+        server_counter=selector,
     )
     for flag, value in (("--decode-share", args.decode_share), ("--schedule", args.schedule)):
         if value is not None and args.base_url:
@@ -129,5 +150,9 @@ def run(args: argparse.Namespace) -> int:
     if args.serial and args.base_url:
         print("leyline eval mechanism: --serial is for the embedded server", file=sys.stderr)
         return 2
-    run_mechanism(options)
+    try:
+        run_mechanism(options)
+    except CounterError as exc:
+        print(f"leyline eval mechanism: --server-counter: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -184,10 +184,14 @@ def run_level(
     level: int,
     tick: Callable[[], None],
     run_id: str,
-) -> list[Sample]:
+    counter: Callable[[], float] | None = None,
+) -> tuple[list[Sample], dict[str, float]]:
     """``level`` clients at once; client ``i`` replays ``pool[i % len(pool)]``, in both arms
     turn by turn, or (``settings.arms_apart``) in one arm, then ``level`` fresh clients in
-    the other."""
+    the other. With ``counter`` (a server-wide count, read before and after each arm's
+    clients), also how much it grew by arm: only arms apart make that growth one arm's."""
+    if counter is not None and not settings.arms_apart:
+        raise ValueError("a server-wide counter is one arm's only with the arms apart")
     lock = threading.Lock()
 
     def locked_tick() -> None:
@@ -196,17 +200,21 @@ def run_level(
 
     phases = [(arm,) for arm in ARMS] if settings.arms_apart else [ARMS]
     samples: list[Sample] = []
+    grown: dict[str, float] = {}
     for arms in phases:
         tag = f"{run_id}-c{level}" + (f"-{arms[0]}" if len(arms) == 1 else "")
         clients = [
             ReplayClient(base, settings, pool[i % len(pool)], f"{tag}-{i}") for i in range(level)
         ]
+        before = counter() if counter is not None else 0.0
         with ThreadPoolExecutor(max_workers=level) as workers:
             futures = [
                 workers.submit(c.replay, level, i, locked_tick, arms) for i, c in enumerate(clients)
             ]
             samples += [s for f in futures for s in f.result()]
-    return samples
+        if counter is not None:
+            grown[arms[0]] = counter() - before
+    return samples, grown
 
 
 def requests_in(settings: Settings, pool: Sequence[Trajectory]) -> int:

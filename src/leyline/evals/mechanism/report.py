@@ -9,6 +9,7 @@ from leyline.evals.common import markdown_table
 from leyline.evals.common.plots import save_figure
 
 from .replay import ARMS
+from .stats import ratio
 
 QUEUE_NOTE = (
     "`leyline serve` runs one forward at a time: its scheduler batches the decode steps of "
@@ -31,9 +32,46 @@ APART_NOTE = (
 )
 
 
-def concurrency_note(base_url: str | None, arms_apart: bool = False) -> str:
+COUNTER_NOTE = (
+    "--server-counter implies --arms-apart: a counter of the whole server counts one arm's "
+    "work only while that arm's clients run alone."
+)
+COUNTER_TEXT = (
+    "Growth of the server's own counter (its /metrics, summed over the matching series) "
+    "while each arm's clients ran alone, next to the ratio of the tokens the Leyline "
+    "report says were prefilled: what the server counts and the report does not (e.g. "
+    "vLLM's filler up to block boundaries) shows as a difference between the two ratios."
+)
+
+
+def concurrency_note(base_url: str | None, arms_apart: bool = False, counter: bool = False) -> str:
     note = EXTERNAL_NOTE if base_url else QUEUE_NOTE
-    return f"{note} {APART_NOTE if arms_apart else SHARED_NOTE}"
+    note = f"{note} {APART_NOTE if arms_apart else SHARED_NOTE}"
+    return f"{note} {COUNTER_NOTE}" if counter else note
+
+
+def counter_table(table: dict[str, Any], facts: dict[str, Any], selector: str) -> str:
+    """The server counter's growth by level and arm, its splice / re-prefill ratio next to
+    the report's own prefilled-token ratio, and all levels together."""
+    header = ["c", "server counter", "splice", "re-prefill", "splice/re-prefill"]
+    header.append("prefilled splice/re-prefill (report)")
+    keys = ("server_counter", "prefilled_tokens")
+    total = {arm: {k: facts[k][arm] for k in keys} for arm in ARMS}
+    rows_in = [(c, row["splice"], row["reprefill"]) for c, row in table.items()]
+    rows_in.append(("all", total["splice"], total["reprefill"]))
+    rows = []
+    for c, splice, reprefill in rows_in:
+        if "server_counter" in splice:
+            grown = (splice["server_counter"], reprefill["server_counter"])
+            prefilled = (splice["prefilled_tokens"], reprefill["prefilled_tokens"])
+            ratios = [f"{ratio(*grown):.2f}", f"{ratio(*prefilled):.2f}"]
+            rows.append([c, f"`{selector}`", *map(_count, grown), *ratios])
+    return markdown_table(header, rows)
+
+
+def _count(value: float) -> str:
+    """A counter's value: an integer where it is one (token counts), else as read."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def latency_table(table: dict[str, Any]) -> str:

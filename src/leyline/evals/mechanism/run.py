@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,9 +15,12 @@ import openai
 
 from leyline.evals.common import Report, results_dir
 
+from .metrics import Selector, ServerCounter, metrics_url
 from .replay import Sample, Settings, requests_in, run_level
 from .report import (
+    COUNTER_TEXT,
     concurrency_note,
+    counter_table,
     latency_table,
     overhead_table,
     plot_latency,
@@ -47,6 +50,9 @@ class Options:
     """Embedded server: ``leyline serve --decode-share`` (None: its default)."""
     schedule: SchedulePolicy | None = None
     """Embedded server: ``leyline serve --schedule`` (None: its default, ``srpt``)."""
+    server_counter: Selector | None = None
+    """A counter on the server's /metrics, read before and after each arm's clients of each
+    level; implies ``arms_apart`` (a whole server's count is one arm's only then)."""
 
 
 @contextmanager
@@ -72,29 +78,40 @@ def _server(options: Options) -> Iterator[tuple[str, Any]]:
 def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
     out = out or sys.stdout
     settings, pool = options.settings, list(options.pool)
+    selector = options.server_counter
+    if selector is not None:
+        settings = replace(settings, arms_apart=True)
     folder = results_dir("mechanism", options.out)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     samples: list[Sample] = []
+    grown: dict[int, dict[str, float]] = {}
     overhead = None
     with _server(options) as (base_url, app):
         base = openai.OpenAI(
             base_url=base_url, api_key=options.api_key or "-", timeout=900, max_retries=0
         )
+        counter = None
+        if selector is not None:
+            counter = ServerCounter(metrics_url(base_url), selector, options.api_key)
+            counter()  # a selector that matches nothing fails now, not after the replay
         _warm(base, settings.model)
         total = requests_in(settings, pool)
+        run_id = f"mech-{stamp}"
         with _bar(total, options.progress) as tick:
             for level in settings.levels:
-                samples += run_level(base, settings, pool, level, tick, f"mech-{stamp}")
+                done, grown[level] = run_level(base, settings, pool, level, tick, run_id, counter)
+                samples += done
         scheduler = _scheduler_facts(app)
         if app is not None and options.overhead_reps > 0:
             from .overhead import measure_overhead
 
             reps, show = options.overhead_reps, options.progress
             overhead = measure_overhead(app, base_url, reps, f"mech-{stamp}", show_progress=show)
-    table = summarize(samples)
-    facts = overall(samples)
+    by_level = grown if selector is not None else None
+    table = summarize(samples, by_level)
+    facts = overall(samples, by_level)
     pool_facts = _pool_facts(pool)
     wall = time.perf_counter() - t0
     report = Report(
@@ -107,6 +124,7 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
             "trajectories": len(pool),
             "decode_share": options.decode_share,
             "schedule": options.schedule,
+            "server_counter": None if selector is None else str(selector),
         },
         folder=folder,
     )
@@ -125,10 +143,13 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
         "samples": [asdict(s) for s in samples],
     }
     report.section("Trajectories replayed", pool_table(pool_facts))
-    note = concurrency_note(options.base_url, settings.arms_apart)
+    note = concurrency_note(options.base_url, settings.arms_apart, selector is not None)
     report.section("Per concurrency level", note + "\n\n" + latency_table(table))
     ratios = ratio_table(table) + "\n\n" + _overall_text(facts) + _scheduler_text(scheduler)
     report.section("Ratios and agreement", ratios)
+    counters = None if selector is None else counter_table(table, facts, str(selector))
+    if counters is not None:
+        report.section("Server counter", COUNTER_TEXT + "\n\n" + counters)
     if overhead is not None:
         report.section(
             "HTTP + protocol overhead (paired medians)",
@@ -136,10 +157,12 @@ def run_mechanism(options: Options, out: Any = None) -> dict[str, Any]:
         )
     report.plots["latency_and_hits.png"] = lambda path: plot_latency(table, path)
     written = report.write()
-    print(concurrency_note(options.base_url, settings.arms_apart), file=out)
+    print(note, file=out)
     print(latency_table(table), file=out)
     print(ratio_table(table), file=out)
     print(_overall_text(facts) + _scheduler_text(scheduler), file=out)
+    if counters is not None:
+        print(counters, file=out)
     if overhead is not None:
         print(overhead_table(overhead), file=out)
     print(f"\n{wall:.0f} s wall -> {', '.join(str(p) for p in written)}", file=out)

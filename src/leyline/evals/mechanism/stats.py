@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .replay import ARMS, Sample
@@ -81,8 +81,19 @@ def throughput(samples: Sequence[Sample]) -> float:
     return len(samples) / wall if wall > 0 else float("nan")
 
 
-def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
-    """Per level: each arm's figures, the re-prefill / splice p50 ratios, the agreement."""
+Counters = Mapping[int, Mapping[str, float]]
+"""A server counter's growth by level and arm (``--server-counter``)."""
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, NaN where b is 0 (an arm that counted nothing)."""
+    return a / b if b else float("nan")
+
+
+def summarize(samples: Sequence[Sample], counter: Counters | None = None) -> dict[str, Any]:
+    """Per level: each arm's figures, the re-prefill / splice p50 ratios, the agreement;
+    with ``counter``, each arm's growth of the server's counter and their splice /
+    re-prefill ratio."""
     table: dict[str, Any] = {}
     for level in sorted({s.level for s in samples}):
         mine = [s for s in samples if s.level == level]
@@ -98,17 +109,28 @@ def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
         row["throughput_rps_by_arm"] = {
             arm: throughput([s for s in mine if s.arm == arm]) for arm in ARMS
         }
+        if counter is not None and level in counter:
+            grown = counter[level]
+            for arm in ARMS:
+                row[arm]["server_counter"] = grown[arm]
+            row["ratio_server_counter"] = ratio(grown["splice"], grown["reprefill"])
         table[str(level)] = row
     return table
 
 
-def overall(samples: Sequence[Sample]) -> dict[str, Any]:
-    """All levels together: hit rates, their gain and the agreement."""
+def overall(samples: Sequence[Sample], counter: Counters | None = None) -> dict[str, Any]:
+    """All levels together: hit rates, their gain and the agreement (and the counter's
+    growth by arm, and its splice / re-prefill ratio)."""
     arms = {arm: arm_figures([s for s in samples if s.arm == arm]) for arm in ARMS}
-    return {
+    facts: dict[str, Any] = {
         "hit_rate": {arm: arms[arm]["hit_rate"] for arm in ARMS},
         "reuse_of_reusable": {arm: arms[arm]["reuse_of_reusable"] for arm in ARMS},
         "hit_rate_gain_pp": 100 * (arms["splice"]["hit_rate"] - arms["reprefill"]["hit_rate"]),
         "prefilled_tokens": {arm: arms[arm]["prefilled_tokens"] for arm in ARMS},
         "agreement": agreement(samples),
     }
+    if counter is not None:
+        grown = {arm: sum(by_arm[arm] for by_arm in counter.values()) for arm in ARMS}
+        facts["server_counter"] = grown
+        facts["ratio_server_counter"] = ratio(grown["splice"], grown["reprefill"])
+    return facts
