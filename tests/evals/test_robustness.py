@@ -160,13 +160,8 @@ def test_a_control_that_reused_nothing_fails_the_run() -> None:
     na = {"n/a": "not asked for"}
     data: dict[str, Any] = dict.fromkeys(("fuzz", "lost_updates", "health"), na)
     data["redaction"] = [
-        {"scenario": "forgotten", "probe_reused": 0, "secret_start": 40, "leaked_tokens": 0},
-        {
-            "scenario": "control: no forget",
-            "probe_reused": 128,
-            "secret_start": 40,
-            "leaked_tokens": 88,
-        },  # fmt: skip
+        {"scenario": "forgotten", "probe_reused": 0, "secret_start": 40},
+        {"scenario": "control: no forget", "probe_reused": 128, "secret_start": 40},
     ]
     data["cross_tenant"] = [
         {"how": "stateless", "reused": 0},
@@ -176,6 +171,8 @@ def test_a_control_that_reused_nothing_fails_the_run() -> None:
         {"how": "session, salt Y", "reused": 0, "probe": True},
         {"how": "control: salt X again", "reused": 256, "probe": False},
     ]
+    for row in data["redaction"]:
+        row["leaked_tokens"] = max(0, row["probe_reused"] - row["secret_start"])
     assert counts(data)[name] == 0
     # Whole blocks longer than the prompts: nothing reused anywhere, controls included.
     data["redaction"][1]["probe_reused"] = 0
