@@ -7,6 +7,10 @@ reuses its warm prefix). A client asks both arms each turn, alternating which go
 so both arms share one queue and the same machine noise. ``Settings.arms_apart`` runs each
 level twice instead, the ``splice`` arm's clients alone and then the ``reprefill`` arm's: each
 arm then has the server to itself, so the queueing its own work causes shows in its latency.
+
+Each arm of each level sends its own ``cache_salt``: a server's shared prefix cache (vLLM's,
+SGLang's) would otherwise serve one arm the blocks the other arm (or an earlier level)
+prefilled for the same trajectory, and the arms would not be two servers' worth of work.
 """
 
 from __future__ import annotations
@@ -87,9 +91,16 @@ class ReplayClient:
     """One simulated agent replaying one trajectory in both arms."""
 
     def __init__(
-        self, base: openai.OpenAI, settings: Settings, trajectory: Trajectory, tag: str
+        self,
+        base: openai.OpenAI,
+        settings: Settings,
+        trajectory: Trajectory,
+        tag: str,
+        salts: dict[str, str] | None = None,
     ) -> None:
         self.settings, self.trajectory = settings, trajectory
+        self.salts = salts or {}
+        """Each arm's ``cache_salt`` (none: the server's public namespace)."""
         self.messages = trajectory.opening()
         self.tools = trajectory.tool_specs()
         self.clocks = {arm: Clock() for arm in ARMS}
@@ -129,8 +140,10 @@ class ReplayClient:
 
     def _ask(self, level: int, index: int, turn: int, arm: str) -> Sample:
         client, clock = self.arms[arm], self.clocks[arm]
+        salt = self.salts.get(arm)
         t0 = time.perf_counter()
         client.chat.completions.create(
+            extra_body={"cache_salt": salt} if salt else None,
             model=self.settings.model,
             messages=self.messages,
             tools=self.tools,
@@ -203,8 +216,10 @@ def run_level(
     grown: dict[str, float] = {}
     for arms in phases:
         tag = f"{run_id}-c{level}" + (f"-{arms[0]}" if len(arms) == 1 else "")
+        salts = {arm: f"{run_id}-c{level}-{arm}" for arm in arms}
         clients = [
-            ReplayClient(base, settings, pool[i % len(pool)], f"{tag}-{i}") for i in range(level)
+            ReplayClient(base, settings, pool[i % len(pool)], f"{tag}-{i}", salts)
+            for i in range(level)
         ]
         before = counter() if counter is not None else 0.0
         with ThreadPoolExecutor(max_workers=level) as workers:
