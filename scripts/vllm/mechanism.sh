@@ -8,7 +8,7 @@
 # unless LEYLINE_VLLM_KV_GIB says otherwise) with the connector and, if given, vLLM's
 # --block-size (CPU: a multiple of 32; vLLM's CPU default is 128); runs the eval with
 # --server-counter on vLLM's `local_compute` prompt tokens (which implies the arms run apart)
-# and the flags given (default: --levels 1,8 --trajectories synthetic --synthetic 8 --turns 6);
+# with --levels 1,8 --trajectories synthetic --synthetic 8 --turns 6 and the flags given;
 # stops the server on every exit. The report's folder is printed at the end.
 set -euo pipefail
 
@@ -24,8 +24,8 @@ if [[ ${1:-} == --block-size ]]; then
   vllm_flags=(--block-size "${2:?--block-size needs a number}")
   shift 2
 fi
-eval_flags=("$@")
-((${#eval_flags[@]})) || eval_flags=(--levels 1,8 --trajectories synthetic --synthetic 8 --turns 6)
+# The defaults first: a flag given again later wins (argparse keeps the last).
+eval_flags=(--levels 1,8 --trajectories synthetic --synthetic 8 --turns 6 "$@")
 
 bash scripts/vllm/setup_env.sh | sed 's/^/    /'
 model=$("$python" -m leyline.sglang.live_models smollm2)
