@@ -212,3 +212,20 @@ def test_a_splice_before_a_forget_says_it_was_re_prefilled() -> None:
     with pytest.raises(SpliceUnsupportedError):
         _run(service.apply(DEFAULT_TENANT, session, body))
     assert _handle(service, session).view.revision == 1
+
+
+def test_a_run_that_ends_the_sequence_is_reported_once() -> None:
+    """A cut in the middle and tokens appended (an agent's turn): the last request of the
+    build is the appended run's own; its rows before the run are loaded, its computed rows
+    are the run, and nothing is counted twice."""
+    service, _, engine = _stack()
+    session = _session(service, TOKENS)
+    reply = _apply(service, session, _splice(6, 10, []), _splice(22, 22, [1, 2, 3]))
+    new = (*TOKENS[:6], *TOKENS[10:], 1, 2, 3)  # 21 tokens
+    old, build = engine.requests[1:]  # the old partial block, then the run's request
+    assert old.tokens == padded(TOKENS, BLOCK)
+    assert build.tokens == padded(new, BLOCK)
+    assert build.kv[6:18] == [f"loaded None {p + 4} -4" for p in range(6, 18)]
+    assert build.kv[18:] == ["computed"] * 6  # the run, then filler
+    assert reply.fallback_reason is None
+    assert (reply.reused_tokens, reply.prefilled_tokens, reply.rotated_tokens) == (18, 3, 12)

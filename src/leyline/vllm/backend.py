@@ -321,10 +321,13 @@ class VllmBackend(HostBackend[VllmSession]):
             reused = min(ran.cached_tokens, plan.result.first_change)
             return edit_report(plan, Path.reprefill, reused, 0, reason), None, []
         handle.private_salt = salt
-        whole = answers[-1]
-        # The whole sequence's request found or loaded every row but the last (less what
-        # was missing); the inserted runs were computed by the requests before it.
-        reused = max(0, min(whole.cached_tokens, n - 1) - build.inserted)
+        # Every kept row was loaded, less those a request found missing: from its first
+        # missing position on, it computed its rows (a later request loads them as they are).
+        reused = build.kept_rows() - sum(
+            build.kept_rows(ran.answer.missing_from, request.length)
+            for request, ran in zip(build.requests, answers, strict=True)
+            if ran.answer is not None and ran.answer.missing_from is not None
+        )
         rotated = build.rotated
         if refused is not None or missing is not None:
             missing = FallbackReason.missing_source

@@ -96,10 +96,19 @@ class Build:
     """Steps 2 and 3, in order, all under the private namespace."""
     recipe: Order
     """Where later requests load the new sequence's rows from (step 3's cached copy)."""
+    kept: tuple[RowRun, ...]
+    """The old rows the new sequence keeps (every one loaded, keys rotated where it moves)."""
     rotated: int
     """Kept rows that move (keys rotated)."""
     inserted: int
     """Tokens the inserted runs add (computed in context)."""
+
+    def kept_rows(self, start: int = 0, end: int = sys.maxsize) -> int:
+        """Kept rows at destination positions in ``[start, end)``."""
+        return sum(
+            run.length
+            for run in clipped(self.kept, source_end=sys.maxsize, dest_from=start, dest_end=end)
+        )
 
 
 def plan_build(
@@ -139,7 +148,7 @@ def plan_build(
         requests.append(BuildRequest(whole, order_to(n - 1), n))
     rotated = sum(run.length for run in kept if run.shift != 0)
     inserted_tokens = sum(end - start for start, end in inserted)
-    return Build(tuple(requests), recipe_of(salt, whole, n), rotated, inserted_tokens)
+    return Build(tuple(requests), recipe_of(salt, whole, n), kept, rotated, inserted_tokens)
 
 
 def _gaps(kept: Sequence[RowRun], length: int) -> list[tuple[int, int]]:
