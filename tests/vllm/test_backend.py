@@ -229,3 +229,20 @@ def test_a_run_that_ends_the_sequence_is_reported_once() -> None:
     assert build.kv[18:] == ["computed"] * 6  # the run, then filler
     assert reply.fallback_reason is None
     assert (reply.reused_tokens, reply.prefilled_tokens, reply.rotated_tokens) == (18, 3, 12)
+
+
+def test_a_turn_whose_recipe_block_was_evicted_says_so() -> None:
+    """The rows a build left in the last partial block are loaded from its cached copy; if
+    vLLM evicted that block before the turn, the turn computes them (in its own context, no
+    longer the splice's definition) and reports ``missing_source``."""
+    service, backend, engine = _stack()
+    session = _session(service, TOKENS)
+    _apply(service, session, _splice(2, 3, [1, 2]))  # 23 tokens; rows 20-22 in the recipe
+    handle = _handle(service, session)
+    new, salt = handle.view.tokens, handle.private_salt
+    evicted = engine.cache.pop((salt, padded(new, BLOCK)))  # the build's last block
+    assert evicted[:3] == ["loaded None 19 1", "loaded None 20 1", "computed"]  # 22: the last
+    outcome = _turn(backend, handle, new)
+    turn = engine.requests[-1]
+    assert turn.kv[:20] == ["hit"] * 20 and turn.kv[20:] == ["computed"] * 3
+    assert outcome.prefill.fallback_reason == "missing_source"

@@ -364,4 +364,5 @@ def _combine(
         revision=prefill.revision,
         reused_tokens=n - prefilled,
         prefilled_tokens=prefilled,
+        fallback_reason=edit.fallback_reason or prefill.fallback_reason,
     )

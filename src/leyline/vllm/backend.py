@@ -269,7 +269,17 @@ class VllmBackend(HostBackend[VllmSession]):
         out = await self.runner.run(prompt, turn.params, handle.salt, recipe, turn.on_token)
         reused = min(out.cached_tokens, len(prompt))
         path = Path.prefix_hit if shared == len(edited.tokens) else Path.reprefill
-        prefill = OpReport(path, revision, reused, len(prompt) - reused, first_change=shared)
+        # A row the recipe names whose block vLLM evicted since: computed here instead, in
+        # this context, which is no longer the splice's definition; the answer says so.
+        missing = out.answer is not None and out.answer.fallback_reason is not None
+        prefill = OpReport(
+            path,
+            revision,
+            reused,
+            len(prompt) - reused,
+            first_change=shared,
+            fallback_reason=FallbackReason.missing_source if missing else None,
+        )
         handle.view = SessionView(prompt + out.ids, revision + 1, spans)
         handle.computed = len(prompt) + max(len(out.ids) - 1, 0)  # the last id: no KV
         handle.cached(prompt + out.ids[:-1])
