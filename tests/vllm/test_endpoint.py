@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,27 +16,15 @@ from leyline.vllm.backend import VllmBackend
 from leyline.vllm.endpoint import LeylineEndpoint, mount, reserved_salt, runtime_refusal
 
 from ._fake_engine import FakeEngine
+from ._stand_in import call, stand_in_app
 
 
 def _app() -> tuple[FastAPI, LeylineEndpoint]:
-    app = FastAPI()
-
-    @app.post("/v1/completions")
-    async def completions(body: dict[str, Any]) -> dict[str, Any]:
-        return {"vllm": body}
-
-    endpoint = LeylineEndpoint()
-    endpoint.attach_router(app)
-    return app, endpoint
+    return stand_in_app()
 
 
 def _post(app: FastAPI, path: str, body: dict[str, Any]) -> httpx.Response:
-    async def post() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
-            return await client.post(path, json=body) if body else await client.get(path)
-
-    return asyncio.run(post())
+    return call(app, "POST", path, body) if body else call(app, "GET", path)
 
 
 def test_requests_are_routed_once_mounted() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
 from fastapi import FastAPI
 
 from leyline.core.service import SessionService
@@ -17,9 +16,10 @@ from leyline.core.sessions import DEFAULT_TENANT, TENANT_NAMESPACE_PREFIX, Sessi
 from leyline.protocol import Limits
 from leyline.protocol.resources import Routes, SessionCreate
 from leyline.vllm.backend import RESERVED_SALT_PREFIX, VllmBackend, VllmSession
-from leyline.vllm.endpoint import LeylineEndpoint, mount
+from leyline.vllm.endpoint import mount
 
 from ._fake_engine import FakeEngine
+from ._stand_in import call, stand_in_app
 
 BLOCK = 4
 TOKENS = list(range(100, 121))
@@ -71,24 +71,11 @@ def test_without_keys_there_is_one_tenant_and_salts_are_vllms() -> None:
 
 def _call(app: FastAPI, method: str, path: str, key: str | None, body: Any = None) -> Any:
     headers = {} if key is None else {"Authorization": f"Bearer {key}"}
-
-    async def call() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
-            return await client.request(method, path, json=body, headers=headers)
-
-    return asyncio.run(call())
+    return call(app, method, path, body, headers)
 
 
 def test_keys_are_checked_where_the_plugin_answers_only() -> None:
-    app = FastAPI()
-
-    @app.post("/v1/completions")
-    async def completions(body: dict[str, Any]) -> dict[str, Any]:
-        return {"vllm": body}
-
-    endpoint = LeylineEndpoint()
-    endpoint.attach_router(app)
+    app, endpoint = stand_in_app()
     backend, _ = _backend(b"s" * 32)
     endpoint.mounted = mount(backend, KEYS)
     for key in (None, "not-a-key-of-anyone"):

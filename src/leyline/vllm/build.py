@@ -98,10 +98,13 @@ class Build:
     """Where later requests load the new sequence's rows from (step 3's cached copy)."""
     kept: tuple[RowRun, ...]
     """The old rows the new sequence keeps (every one loaded, keys rotated where it moves)."""
-    rotated: int
-    """Kept rows that move (keys rotated)."""
     inserted: int
     """Tokens the inserted runs add (computed in context)."""
+
+    @property
+    def rotated(self) -> int:
+        """Kept rows that move (keys rotated)."""
+        return sum(run.length for run in self.kept if run.shift != 0)
 
     def kept_rows(self, start: int = 0, end: int = sys.maxsize) -> int:
         """Kept rows at destination positions in ``[start, end)``."""
@@ -146,9 +149,8 @@ def plan_build(
     whole = padded(new, block_size)
     if done_end < n:  # else the last run's request computed the sequence to its end
         requests.append(BuildRequest(whole, order_to(n - 1), n))
-    rotated = sum(run.length for run in kept if run.shift != 0)
     inserted_tokens = sum(end - start for start, end in inserted)
-    return Build(tuple(requests), recipe_of(salt, whole, n), kept, rotated, inserted_tokens)
+    return Build(tuple(requests), recipe_of(salt, whole, n), kept, inserted_tokens)
 
 
 def _gaps(kept: Sequence[RowRun], length: int) -> list[tuple[int, int]]:
