@@ -2,7 +2,9 @@
 blocks under chained (salt, tokens) keys), the connector's load (consecutive planned rows
 from the hit on, while their source block is cached, never the last prompt token) and its
 purge. Each position's KV is recorded as where it came from, so a test can tell a row
-loaded (and from where) from one computed."""
+loaded (and from where) from one computed, and as a symbolic value (``Value``): a computed
+row is its token at its position over the values before it, a loaded row its source's value
+rotated by the shift, so two ways of building a sequence can be compared row by row."""
 
 from __future__ import annotations
 
@@ -16,6 +18,21 @@ from leyline.vllm.runner import Ran
 Key = tuple[str | None, tuple[int, ...]]
 """A full block: the salt and every token up to its end (vLLM's chained hash)."""
 
+Value = tuple[object, ...]
+"""A row's KV, symbolically: ``("computed", token, position, context)`` where ``context``
+identifies the values before it, or ``("rotated", value, shift)``."""
+
+
+def computed_value(token: int, position: int, before: Sequence[Value]) -> Value:
+    return ("computed", token, position, hash(tuple(before)))
+
+
+def rotated_value(value: Value, shift: int) -> Value:
+    """``value`` with its key rotated by ``shift`` (rotations add up; a net 0 is the row)."""
+    if value[0] == "rotated":
+        value, shift = value[1], shift + value[2]  # type: ignore[assignment,operator]
+    return value if shift == 0 else ("rotated", value, shift)
+
 
 @dataclass
 class Request:
@@ -25,12 +42,15 @@ class Request:
     kv: list[str]
     """Per position: 'computed' or 'loaded <salt> <source position> <shift>' or 'hit'."""
     answer: Answer | None
+    values: list[Value] = field(default_factory=list)
 
 
 @dataclass
 class FakeEngine:
     block_size: int = 4
     cache: dict[Key, list[str]] = field(default_factory=dict)
+    values: dict[Key, list[Value]] = field(default_factory=dict)
+    """Each cached block's rows as values (read only while ``cache`` holds the block)."""
     requests: list[Request] = field(default_factory=list)
     output: tuple[int, ...] = (7,)
 
@@ -41,6 +61,11 @@ class FakeEngine:
         ) * self.block_size <= len(tokens):
             n += 1
         return n
+
+    def value(self, salt: str | None, tokens: Sequence[int], position: int) -> Value:
+        """The value of row ``position`` of ``tokens`` cached under ``salt``."""
+        b = self.block_size
+        return self.values[(salt, tuple(tokens[: (position // b + 1) * b]))][position % b]
 
     async def run(
         self,
@@ -61,6 +86,7 @@ class FakeEngine:
                 )
         hit = min(self.cached_blocks(salt, tokens) * b, (len(tokens) - 1) // b * b)
         kv = ["hit"] * hit
+        values = [self.value(salt, tokens, p) for p in range(hit)]
         reused = rotated = 0
         missing = None
         rows = _rows(order)
@@ -70,16 +96,22 @@ class FakeEngine:
                 missing = len(kv)
                 break
             kv.append(f"loaded {source_salt} {at} {shift}")
+            values.append(rotated_value(self.value(source_salt, source_tokens, at), shift))
             reused += 1
             rotated += shift != 0
         kv += ["computed"] * (len(tokens) - len(kv))
+        for p in range(len(values), len(tokens)):
+            values.append(computed_value(tokens[p], p, values))
         for k in range(len(tokens) // b):
-            self.cache.setdefault((salt, tokens[: (k + 1) * b]), kv[k * b : (k + 1) * b])
+            key = (salt, tokens[: (k + 1) * b])
+            if key not in self.cache:
+                self.cache[key] = kv[k * b : (k + 1) * b]
+                self.values[key] = values[k * b : (k + 1) * b]
         answer = None
         if order is not None:
             reason = "missing_source" if missing is not None else None
             answer = Answer(reused, rotated, missing, reason, purged)
-        self.requests.append(Request(tokens, salt, order, kv, answer))
+        self.requests.append(Request(tokens, salt, order, kv, answer, values))
         ids = self.output[: params.max_new_tokens]
         return Ran(ids, "x" * len(ids), "length", hit + reused, answer)
 

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from leyline.core.backend import EXECUTED_VERBS, MARKING_VERBS, SkillRegistration
@@ -43,8 +43,15 @@ from leyline.protocol import (
 from leyline.protocol.directives import Mode
 from leyline.protocol.resolve import SkillTokens
 from leyline.protocol.resources import SkillInfo
-from leyline.vllm.build import old_rows_needed, padded, plan_build, recipe_within
-from leyline.vllm.link import LoadSource, Order, PurgeTarget, runs_of
+from leyline.vllm.build import (
+    Build,
+    BuildRequest,
+    old_rows_needed,
+    padded,
+    plan_build,
+    recipe_within,
+)
+from leyline.vllm.link import Answer, LoadSource, Order, PurgeTarget, runs_of
 from leyline.vllm.runner import PREFILL, Ran, Runner
 
 logger = logging.getLogger(__name__)
@@ -79,6 +86,46 @@ class VllmSession(SaltedSession):
     loaded again, never recomputed. None when every row there was computed in context."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Deferred:
+    """A build's last request, left to the turn that follows: the turn's prompt extends the
+    new sequence, so the turn, carrying the same order, loads the same rows and computes
+    the same ones in the same context, then goes on (one request and its filler fewer)."""
+
+    build: Build
+    request: BuildRequest
+    rotated_before: int
+    """Rows the build's earlier requests rotated."""
+
+    def settled(self, edit: OpReport, answer: Answer | None) -> OpReport:
+        """The edit's report once the turn answered for the deferred request's rows."""
+        if answer is None:
+            return edit
+        if answer.fallback_reason not in (None, FallbackReason.missing_source):
+            # The worker wrote none of them: vLLM computed them, in the turn's context.
+            reason = FallbackReason(answer.fallback_reason)
+            reused = min(edit.reused_tokens, edit.first_change)
+            return replace(
+                edit,
+                path=Path.reprefill,
+                reused_tokens=reused,
+                prefilled_tokens=edit.reused_tokens + edit.prefilled_tokens - reused,
+                rotated_tokens=0,
+                fallback_reason=reason,
+            )
+        start = answer.missing_from
+        lost = 0 if start is None else self.build.kept_rows(start, self.request.length)
+        if not lost and edit.fallback_reason is None:
+            return edit
+        return replace(
+            edit,
+            reused_tokens=edit.reused_tokens - lost,
+            prefilled_tokens=edit.prefilled_tokens + lost,
+            rotated_tokens=min(self.build.rotated, self.rotated_before + answer.rotated),
+            fallback_reason=FallbackReason.missing_source,
+        )
+
+
 class VllmBackend(HostBackend[VllmSession]):
     """``Backend[VllmSession]`` over one vLLM engine (``runner``)."""
 
@@ -111,6 +158,10 @@ class VllmBackend(HostBackend[VllmSession]):
         """With API keys (``LEYLINE_API_KEYS_FILE``): each tenant's KV in namespaces named
         with this secret (``namespace_of``); None: one tenant."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._rows_written = False
+        """Whether a worker has loaded rows here: until then a build's last request is
+        not left to a turn, so a worker that cannot write rows is found out (and the
+        splice refused or re-prefilled) before a generation runs on it."""
 
     def capabilities(self) -> Capabilities:
         # COMPOSE is not built here: a compose directive and the skills routes are refused
@@ -192,10 +243,23 @@ class VllmBackend(HostBackend[VllmSession]):
     async def execute(
         self, handle: VllmSession, plan: EditPlan, *, allow_fallback: bool
     ) -> OpReport:
+        report, _ = await self._execute(handle, plan, allow_fallback, then=None)
+        return report
+
+    async def _execute(
+        self,
+        handle: VllmSession,
+        plan: EditPlan,
+        allow_fallback: bool,
+        then: tuple[int, ...] | None,
+    ) -> tuple[OpReport, _Deferred | None]:
+        """``execute``; with ``then``, the prompt of the turn that follows, a build's last
+        request may be left to that turn (returned)."""
         base = handle.view
+        deferred = None
         if plan.is_identity:
             n = len(base.tokens)
-            return OpReport(Path.splice, base.revision, n, 0, first_change=n)
+            return OpReport(Path.splice, base.revision, n, 0, first_change=n), None
         result = plan.result
         built: list[tuple[tuple[int, ...], int]] = []
         # Rows of the partial block before the first change that are loaded copies stay so.
@@ -232,7 +296,10 @@ class VllmBackend(HostBackend[VllmSession]):
             report = edit_report(plan, Path.reprefill, reused, 0, self.refusal.reason)
             computed, recipe = len(plan.tokens), kept_recipe
         else:
-            report, recipe, built = await self._private_build(handle, plan, allow_fallback)
+            defer = then is not None and then[: len(plan.tokens)] == plan.tokens
+            report, recipe, built, deferred = await self._private_build(
+                handle, plan, allow_fallback, defer=defer and self._rows_written
+            )
             computed = len(plan.tokens)
         handle.moved(result.position_map)
         handle.cached(plan.tokens)
@@ -240,19 +307,22 @@ class VllmBackend(HostBackend[VllmSession]):
             handle.cached(tokens, length)
         handle.computed, handle.recipe = computed, recipe
         handle.view = SessionView(plan.tokens, base.revision + 1, plan.spans)
-        return report
+        return report, deferred
 
     async def run_turn(self, turn: Turn[VllmSession]) -> Outcome:
         """The plan through ``execute``, then one generate of the prompt in the session's
         namespace: vLLM's prefix lookup finds the built KV, the connector loads what a
-        build left in the last partial block. The session then holds prompt + output."""
+        build left in the last partial block, or the rows of the build's last request when
+        the build left it to the turn. The session then holds prompt + output."""
         if turn.cancelled():
             raise Cancelled
         t0 = time.perf_counter()
         handle = turn.handle
-        edit = None
+        edit = deferred = None
         if turn.plan is not None:
-            edit = await self.execute(handle, turn.plan, allow_fallback=turn.allow_fallback)
+            edit, deferred = await self._execute(
+                handle, turn.plan, turn.allow_fallback, then=turn.prompt
+            )
         edited = handle.view
         spans = turn.prompt_spans(edited)
         prompt = turn.prompt
@@ -268,10 +338,16 @@ class VllmBackend(HostBackend[VllmSession]):
         handle.recipe = recipe
         out = await self.runner.run(prompt, turn.params, handle.salt, recipe, turn.on_token)
         reused = min(out.cached_tokens, len(prompt))
+        if deferred is not None:
+            # The rows of the edited sequence this request computed are the edit's.
+            assert edit is not None
+            edit = deferred.settled(edit, out.answer)
+            reused = max(reused, len(edited.tokens))
         path = Path.prefix_hit if shared == len(edited.tokens) else Path.reprefill
         # A row the recipe names whose block vLLM evicted since: computed here instead, in
-        # this context, which is no longer the splice's definition; the answer says so.
-        missing = out.answer is not None and out.answer.fallback_reason is not None
+        # this context, which is no longer the splice's definition; the answer says so (the
+        # edit's report, when the rows were the deferred request's).
+        missing = deferred is None and out.answer is not None and out.answer.fallback_reason
         prefill = OpReport(
             path,
             revision,
@@ -290,11 +366,13 @@ class VllmBackend(HostBackend[VllmSession]):
         return Outcome(edit, prefill, edited.tokens, spans, generation)
 
     async def _private_build(
-        self, handle: VllmSession, plan: EditPlan, allow_fallback: bool
-    ) -> tuple[OpReport, Order | None, list[tuple[tuple[int, ...], int]]]:
+        self, handle: VllmSession, plan: EditPlan, allow_fallback: bool, *, defer: bool
+    ) -> tuple[OpReport, Order | None, list[tuple[tuple[int, ...], int]], _Deferred | None]:
         """The new sequence built in the session's own namespace (``build``): every kept
         row loaded, keys rotated; the inserted runs and the last token computed in context.
-        Returns the report, the new recipe, and the sequences the build cached there."""
+        Returns the report, the new recipe, the sequences the build cached there, and, with
+        ``defer``, the build's last request left to the turn (its order is then the recipe,
+        and the report counts its rows as loaded until the turn's answer says otherwise)."""
         n, block = len(plan.tokens), self.block_size
         base = plan.base.tokens
         old_salt, old_tokens, old_computed = handle.salt, base, handle.computed
@@ -304,6 +382,7 @@ class VllmBackend(HostBackend[VllmSession]):
             # computed as before (the same tokens in the same context).
             old_tokens = padded(base[:old_computed], block)
             ran = await self.runner.run(old_tokens, PREFILL, old_salt, handle.recipe)
+            self._note(ran)
             handle.cached(old_tokens, old_computed)
             if ran.answer is not None and ran.answer.fallback_reason is not None:
                 missing = FallbackReason.missing_source
@@ -311,17 +390,20 @@ class VllmBackend(HostBackend[VllmSession]):
         build = plan_build(
             (old_salt, old_tokens), old_computed, plan.tokens, plan.result.position_map, salt, block
         )
-        answers = [
-            await self.runner.run(request.tokens, PREFILL, salt, request.order)
-            for request in build.requests
-        ]
+        requests, last = build.requests, None
+        if defer and requests:
+            requests, last = requests[:-1], requests[-1]
+        answers = []
+        for request in requests:
+            answers.append(await self.runner.run(request.tokens, PREFILL, salt, request.order))
+            self._note(answers[-1])
         refused = next(
             (ran.answer for ran in answers if ran.answer and ran.answer.fallback_reason), None
         )
         if refused is not None and refused.fallback_reason != FallbackReason.missing_source:
             # Nothing was loaded (a worker that cannot write rows): vLLM computed it all, so
             # the private namespace holds an exact prefill nobody will read.
-            handle.abandoned += [(salt, request.tokens) for request in build.requests]
+            handle.abandoned += [(salt, request.tokens) for request in requests]
             if handle.private_salt == salt:
                 handle.private_salt = None
             reason = FallbackReason(refused.fallback_reason or "unsupported_runtime")
@@ -329,13 +411,13 @@ class VllmBackend(HostBackend[VllmSession]):
                 raise SpliceUnsupportedError(reason, refused.message or "the load was refused")
             ran = await self.runner.run(plan.tokens, PREFILL, handle.salt)
             reused = min(ran.cached_tokens, plan.result.first_change)
-            return edit_report(plan, Path.reprefill, reused, 0, reason), None, []
+            return edit_report(plan, Path.reprefill, reused, 0, reason), None, [], None
         handle.private_salt = salt
         # Every kept row was loaded, less those a request found missing: from its first
         # missing position on, it computed its rows (a later request loads them as they are).
         reused = build.kept_rows() - sum(
             build.kept_rows(ran.answer.missing_from, request.length)
-            for request, ran in zip(build.requests, answers, strict=True)
+            for request, ran in zip(requests, answers, strict=True)
             if ran.answer is not None and ran.answer.missing_from is not None
         )
         rotated = build.rotated
@@ -343,7 +425,15 @@ class VllmBackend(HostBackend[VllmSession]):
             missing = FallbackReason.missing_source
             rotated = min(rotated, sum(ran.answer.rotated for ran in answers if ran.answer))
         report = edit_report(plan, Path.splice, reused, rotated, missing)
-        return report, build.recipe, [(r.tokens, r.length) for r in build.requests]
+        built = [(r.tokens, r.length) for r in requests]
+        if last is None:
+            return report, build.recipe, built, None
+        before = sum(ran.answer.rotated for ran in answers if ran.answer)
+        return report, last.order, built, _Deferred(build, last, before)
+
+    def _note(self, ran: Ran) -> None:
+        if ran.answer is not None and ran.answer.reused > 0:
+            self._rows_written = True
 
     async def _forget(
         self, handle: VllmSession, plan: EditPlan, recipe: Order | None = None

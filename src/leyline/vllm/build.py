@@ -17,6 +17,11 @@ new last token are computed.
 3. The whole sequence plus filler loads every row but the last, which it computes in its
    new context (protocol 3.1). Its cached copy of the last partial block is the session's
    recipe: every later request on the sequence loads those rows from it.
+
+When a turn follows whose prompt extends the new sequence, the backend leaves the last of
+these requests to the turn: carrying the same order, the turn loads the same rows, computes
+the same ones in the same context and goes on, so that request and its filler are saved.
+The recipe is then that order.
 """
 
 from __future__ import annotations
