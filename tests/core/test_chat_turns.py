@@ -97,3 +97,37 @@ def test_a_rejected_chat_turn_changes_nothing(service: LeylineService[Any]) -> N
         chat(service, _messages(STUB), session="new", directives=[stale], base_revision=0)
     assert info.value.code is ErrorCode.unknown_session
     assert not service.sessions.exists("default", "new")
+
+
+def test_require_session_refuses_an_unknown_session_and_creates_none(
+    service: LeylineService[Any],
+) -> None:
+    assert service.capabilities().require_session is True
+    required = {"options": {"require_session": True}}
+    with pytest.raises(LeylineError) as info:
+        chat(service, _messages(TOOL_OUTPUT), session="lost", **required)
+    error = info.value
+    assert (error.code, error.http_status, error.field) == (
+        ErrorCode.unknown_session,
+        404,
+        "leyline.session",
+    )
+    assert not service.sessions.exists("default", "lost")
+    # Without the option the same turn creates it (and prefills the whole prompt)...
+    first = chat(service, _messages(TOOL_OUTPUT), session="lost")
+    assert service.sessions.exists("default", "lost")
+    assert first.leyline.prefilled_tokens == first.prompt_tokens
+    # ... and with it a session that exists runs the turn as before, on its cached prefix.
+    more = _messages(TOOL_OUTPUT, {"role": "assistant", "content": first.content})
+    more.append({"role": "user", "content": "And the fastest?"})
+    second = chat(service, more, session="lost", **required)
+    assert second.leyline.session == "lost"
+    assert second.leyline.reused_tokens >= first.prompt_tokens
+
+
+def test_require_session_without_a_session_is_refused(service: LeylineService[Any]) -> None:
+    with pytest.raises(LeylineError) as info:
+        chat(service, _messages(TOOL_OUTPUT), options={"require_session": True})
+    assert info.value.code is ErrorCode.invalid_directive
+    assert info.value.field == "leyline.session"
+    assert len(service.sessions) == 0

@@ -25,6 +25,7 @@ from leyline.protocol import (
     Directive,
     ErrorCode,
     LeylineError,
+    LeylineRequest,
     LeylineResponse,
     Verb,
 )
@@ -98,6 +99,35 @@ class SessionService(Generic[H]):
         return replace(plan, tenant=session.tenant)
 
     # -- sessions ------------------------------------------------------------------------
+
+    def session_for_turn(
+        self, tenant: str, request: LeylineRequest, cache_salt: str | None
+    ) -> tuple[Session[H], bool]:
+        """The session a chat or completion turn on ``request.session`` runs in, and whether
+        this call created it (the caller deletes it again if the turn is rejected).
+
+        An unknown id is created, empty, for a turn without directives: its prompt is then
+        prefilled from scratch. A turn with directives, or with ``options.require_session``,
+        needs the session to exist and gets ``unknown_session`` (404) instead: directives
+        address a revision that is not there, and a client that sets the option would
+        rather learn that a session was lost (evicted, deleted, a restart) than pay for a
+        silent re-creation.
+        """
+        session_id = request.session
+        if session_id is None:
+            raise ValueError("a stateless turn runs in no session of the store")
+        if self.store.exists(tenant, session_id) or request.directives:
+            return self.store.get(tenant, session_id), False  # unknown_session if gone
+        if request.options.require_session:
+            raise LeylineError(
+                ErrorCode.unknown_session,
+                f"no session {session_id!r} and options.require_session is set, so none is "
+                "created: it never existed, was deleted, was evicted while idle, or the "
+                "server restarted (sessions live in memory); send the turn without "
+                "require_session to create it again",
+                "leyline.session",
+            )
+        return self.store.create(tenant, session_id, cache_salt=cache_salt), True
 
     async def create(self, tenant: str, body: SessionCreate) -> SessionInfo:
         """Create a session, optionally prefilled; nothing is created if any check fails."""

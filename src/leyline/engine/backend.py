@@ -116,6 +116,7 @@ class EngineBackend:
             limits=self._limits,
             tenants=self._tenants,
             cache_salt=True,  # the prefix cache is partitioned by salt (``open``)
+            require_session=True,  # honoured by the session core (``session_for_turn``)
             compose_recompute=self._recompute_modes,
             # An anchored block's keys are rotated back to position 0 (``skills``).
             skill_anchors=self.engine.layout is not None and self.engine.rope is not None,

@@ -62,6 +62,12 @@ class Capabilities(BaseModel):
         "shared-cache partition inside their tenant (false: the server cannot honour one, "
         "and refuses a session's cache_salt).",
     )
+    require_session: bool = Field(
+        default=False,
+        description="A chat or completion request may set options.require_session: a session "
+        "it names that does not exist is then unknown_session (404), never created (false: "
+        "do not send it; a server without the option refuses it as an unknown field).",
+    )
     compose_recompute: list[RecomputeMode] = Field(
         default_factory=lambda: [RecomputeMode.none],
         description="Recompute modes compose executes (with compose in verbs); another mode "

@@ -58,6 +58,8 @@ class ConformanceSuite:
         self.verbs: set[Verb] = set()
         self.skill_anchors = False
         self.recompute_modes: set[RecomputeMode] = {RecomputeMode.none}
+        self.require_session = False
+        self.models: list[str] = []
 
     def checks(self) -> list[tuple[str, Callable[[], None]]]:
         return [
@@ -76,6 +78,7 @@ class ConformanceSuite:
             ("recompute modes are executed or refused", self.check_recompute),
             ("a pin refuses edits that touch it and moves with others", self.check_retention),
             ("deleted sessions are gone", self.check_delete),
+            ("require_session: an unknown session is 404, not created", self.check_require_session),
             ("schema is served", self.check_schema),
         ]
 
@@ -169,6 +172,8 @@ class ConformanceSuite:
         self.verbs = set(caps.verbs)
         self.skill_anchors = caps.skill_anchors
         self.recompute_modes = set(caps.compose_recompute)
+        self.require_session = caps.require_session
+        self.models = list(caps.models)
         _expect(
             Verb.splice in self.verbs or Verb.forget in self.verbs,
             "the server executes neither splice nor forget",
@@ -405,6 +410,52 @@ class ConformanceSuite:
             _expect(exc.code is ErrorCode.unknown_session, f"got {exc.code}")
             return
         raise _Failed("a deleted session is still there")
+
+    def check_require_session(self) -> None:
+        """Only where ``require_session`` is advertised: a completion naming an unknown
+        session with ``options.require_session`` is 404 ``unknown_session`` and creates
+        nothing; on a session that exists the option changes nothing (the turn runs)."""
+        if not self.require_session:
+            return
+        with self._session() as info:
+            assert info.tokens is not None
+            missing = f"conformance-{uuid.uuid4().hex[:10]}"
+            reply = self._complete(info.tokens, missing, require_session=True)
+            created = self._delete_if_there(missing)
+            got = reply.json().get("error", {}).get("code") if reply.content else None
+            _expect(
+                reply.status_code == 404 and got == ErrorCode.unknown_session,
+                f"an unknown session answered HTTP {reply.status_code} ({got}), not 404 "
+                f"unknown_session: {reply.text[:200]}",
+            )
+            _expect(not created, "a refused turn with require_session created the session")
+            reply = self._complete(info.tokens, info.session, require_session=True)
+            _expect(reply.status_code == 200, f"HTTP {reply.status_code}: {reply.text[:300]}")
+            ran = reply.json().get("leyline", {}).get("session")
+            _expect(ran == info.session, f"the turn ran in session {ran!r}")
+
+    def _delete_if_there(self, session: str) -> bool:
+        """Whether ``session`` existed (then deleted, so the suite leaves nothing behind)."""
+        try:
+            self.client.get_session(session)
+        except LeylineError as exc:
+            _expect(exc.code is ErrorCode.unknown_session, f"got {exc.code}")
+            return False
+        with suppress(LeylineError):
+            self.client.delete_session(session)
+        return True
+
+    def _complete(self, prompt: list[int], session: str, **options: bool) -> httpx.Response:
+        """A one-token completion of ``prompt`` in ``session`` (token ids: model-agnostic)."""
+        body: dict[str, Any] = {
+            "prompt": prompt,
+            "max_tokens": 1,
+            "temperature": 0,
+            "leyline": {"session": session, "options": options},
+        }
+        if self.models:
+            body["model"] = self.models[0]
+        return self._raw.post("/v1/completions", json=body)
 
     def check_schema(self) -> None:
         schema = self.client.schema()

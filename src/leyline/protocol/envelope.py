@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from .directives import Directive
 from .fallback import FallbackReason
@@ -25,6 +26,23 @@ class RequestOptions(BaseModel):
         default=True,
         description="When a splice cannot run, re-prefill and report why (false: fail instead).",
     )
+    require_session: bool = Field(
+        default=False,
+        description=(
+            "The named session must exist: an unknown one is unknown_session (404) instead of "
+            "being created by a request without directives. Only for a server whose "
+            "capabilities say require_session: true."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_require_session(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Left out when false, so a client sends a server of 1.0 without the flag exactly
+        # what it sent before the option existed (requests are strict there: extra="forbid").
+        data = handler(self)
+        if isinstance(data, dict) and not self.require_session:
+            data.pop("require_session", None)
+        return data
 
 
 class LeylineRequest(BaseModel):

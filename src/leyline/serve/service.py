@@ -222,12 +222,7 @@ class LeylineService(Generic[H]):
             finally:
                 self.backend.close(handle)
             return self._reply(None, None, prompt, outcome, first, t0)
-        created = False
-        if leyline.directives or self.sessions.exists(tenant, leyline.session):
-            session = self.sessions.get(tenant, leyline.session)
-        else:
-            session = self.sessions.create(tenant, leyline.session, cache_salt=cache_salt)
-            created = True
+        session, created = self.core.session_for_turn(tenant, leyline, cache_salt)
         try:
             async with self.sessions.lease(session):
                 view = self.backend.view(session.handle)
@@ -326,6 +321,14 @@ def _check_request(leyline: LeylineRequest) -> None:
         raise LeylineError(
             ErrorCode.unknown_session,
             "directives need a session: set leyline.session",
+            "leyline.session",
+        )
+    if leyline.options.require_session and leyline.session is None:
+        # Refused rather than ignored: the client meant some session, and a stateless turn
+        # would run in none.
+        raise LeylineError(
+            ErrorCode.invalid_directive,
+            "options.require_session needs the session that must exist: set leyline.session",
             "leyline.session",
         )
     if leyline.directives and leyline.base_revision is None:

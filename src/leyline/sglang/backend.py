@@ -101,6 +101,7 @@ class SglangBackend(HostBackend[SaltedSession]):
             # SGLang's own ``cache_salt`` either way (``namespace_of``).
             tenants=self._tenant_secret is not None,
             cache_salt=True,
+            require_session=True,  # honoured by the session core (``session_for_turn``)
             # The block's keys are the tree's prefill after its anchor, rotated like any
             # kept run; selective recompute is not built here (``none`` only).
             skill_anchors=True,

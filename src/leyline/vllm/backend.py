@@ -176,6 +176,7 @@ class VllmBackend(HostBackend[VllmSession]):
             limits=self._limits,
             tenants=self._tenant_secret is not None,
             cache_salt=True,
+            require_session=True,
         )
 
     # -- skills: not built (COMPOSE is not in the capabilities, so the core never asks) ---
