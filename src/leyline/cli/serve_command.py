@@ -43,7 +43,8 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--api-key",
         default=None,
-        help="require `Authorization: Bearer KEY` on every route but /health (one tenant)",
+        help="require `Authorization: Bearer KEY` on every route but /health, /server_info "
+        "and /model_info (one tenant)",
     )
     parser.add_argument(
         "--api-keys-file",

@@ -15,7 +15,16 @@ from leyline.protocol import ErrorCode, LeylineError
 from leyline.serve.errors import error_response
 from leyline.serve.metrics import Metrics
 
-OPEN_PATHS = frozenset({"/health", "/docs", "/openapi.json", "/docs/oauth2-redirect"})
+OPEN_PATHS = frozenset(
+    {
+        "/health",
+        "/server_info",  # what a router reads from a worker it registers (worker.py)
+        "/model_info",
+        "/docs",
+        "/openapi.json",
+        "/docs/oauth2-redirect",
+    }
+)
 
 
 class Access:

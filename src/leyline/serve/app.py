@@ -17,6 +17,7 @@ from leyline.serve.jobs import ClientGone
 from leyline.serve.routes_openai import openai_router
 from leyline.serve.service import Cancelled, LeylineService
 from leyline.serve.settings import ServerSettings
+from leyline.serve.worker import model_path, worker_info_router
 
 CLIENT_CLOSED = 499
 """The status of a request whose client left before its model work started."""
@@ -70,6 +71,9 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
     async def health() -> dict[str, object]:
         # Open to anyone: says nothing about sessions (their count is in /metrics, keyed).
         return {"status": "ok", "model": service.model_name}
+
+    # Open too, for a router registering this worker: the model's name and path only.
+    app.include_router(worker_info_router(name, model_path(settings.model, engine.loaded.name)))
 
     @app.get("/metrics", tags=["Operations"])
     async def metrics() -> Response:

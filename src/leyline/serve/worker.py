@@ -1,0 +1,50 @@
+"""What a router reads from ``leyline serve`` as one of its workers (docs/router-design.md, 2).
+
+sglang-router 0.3.2 asks a worker it registers for ``GET /server_info`` (the model's name,
+else it lists the worker's model as ``"unknown"``) and ``GET /model_info``; both are open
+paths, like ``/health`` (``access.OPEN_PATHS``).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from fastapi import APIRouter
+
+
+def leyline_version() -> str:
+    """The installed ``leyline`` package's version (``unknown`` when run from a bare tree)."""
+    try:
+        return version("leyline")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def model_path(model: str, loaded_name: str) -> str:
+    """The model's path as a worker reports it: the file or directory ``--model`` named
+    (absolute), else the loaded model's own name (the embedded SmolLM2, a test model)."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else loaded_name
+
+
+def worker_info_router(served_model_name: str, path: str) -> APIRouter:
+    """``GET /server_info`` and ``GET /model_info``, in the shapes sglang-router reads."""
+    router = APIRouter(tags=["Operations"])
+    server = {
+        "served_model_name": served_model_name,
+        "model_path": path,
+        "dp_size": 1,  # one engine per process; a router spreads load over processes
+        "version": leyline_version(),
+    }
+    model = {"model_path": path, "is_generation": True}
+
+    @router.get("/server_info")
+    async def server_info() -> dict[str, object]:
+        return dict(server)
+
+    @router.get("/model_info")
+    async def model_info() -> dict[str, object]:
+        return dict(model)
+
+    return router
