@@ -54,6 +54,14 @@ def register(commands: Any) -> None:
         "the shared prefix cache are partitioned by tenant (docs/server.md, 'Tenants')",
     )
     parser.add_argument(
+        "--worker-name",
+        default=None,
+        metavar="NAME",
+        help="send `X-Leyline-Worker: NAME` on every response, streamed ones included, so "
+        "clients behind a router can tell which worker answered (1-128 visible ASCII "
+        "characters; default: no header)",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     limits = parser.add_argument_group("limits (requests past them get typed 4xx errors)")

@@ -17,7 +17,7 @@ from leyline.serve.jobs import ClientGone
 from leyline.serve.routes_openai import openai_router
 from leyline.serve.service import Cancelled, LeylineService
 from leyline.serve.settings import ServerSettings
-from leyline.serve.worker import model_path, worker_info_router
+from leyline.serve.worker import WorkerName, model_path, worker_info_router
 
 CLIENT_CLOSED = 499
 """The status of a request whose client left before its model work started."""
@@ -87,5 +87,9 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
     app.add_middleware(ClientGone)
     app.add_middleware(Access, tenants=settings.tenants_by_key(), metrics=service.metrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(HeadAsGet)  # outermost: Access counts a HEAD by its GET route
+    app.add_middleware(HeadAsGet)  # Access counts a HEAD by its GET route
+    if settings.worker_name is not None:
+        # Outermost: every answer the app gives carries it, a 401 or 413 of the layers
+        # below included.
+        app.add_middleware(WorkerName, name=settings.worker_name)
     return app

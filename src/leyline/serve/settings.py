@@ -11,6 +11,7 @@ from leyline.engine.work_estimates import SCHEDULE_POLICIES, SchedulePolicy
 from leyline.protocol import Limits
 
 _TENANT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_WORKER_NAME = re.compile(r"[!-~]{1,128}")  # visible ASCII: a header value as it is
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,9 @@ class ServerSettings:
     """``srpt``: seconds taken off a waiting job's estimate per second it waits."""
     prefill_chunk: int = 512
     """Tokens a prefill runs in one forward: the slice after which other work may run."""
+    worker_name: str | None = None
+    """Sent as ``X-Leyline-Worker`` on every response (a worker behind a router); None: no
+    header."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.decode_share < 1.0:
@@ -63,6 +67,11 @@ class ServerSettings:
         if self.schedule not in SCHEDULE_POLICIES:
             raise ValueError(
                 f"schedule must be one of {', '.join(SCHEDULE_POLICIES)}, not {self.schedule!r}"
+            )
+        if self.worker_name is not None and not _WORKER_NAME.fullmatch(self.worker_name):
+            raise ValueError(
+                f"worker_name must be 1-128 visible ASCII characters (no spaces), not "
+                f"{self.worker_name!r}"
             )
         if self.schedule_aging < 0:
             raise ValueError(f"schedule_aging must be at least 0, not {self.schedule_aging}")

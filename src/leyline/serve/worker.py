@@ -2,7 +2,9 @@
 
 sglang-router 0.3.2 asks a worker it registers for ``GET /server_info`` (the model's name,
 else it lists the worker's model as ``"unknown"``) and ``GET /model_info``; both are open
-paths, like ``/health`` (``access.OPEN_PATHS``).
+paths, like ``/health`` (``access.OPEN_PATHS``). ``--worker-name`` names the process in an
+``X-Leyline-Worker`` header on every response, which the router passes through to the
+client, so a client can count which worker answered.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from fastapi import APIRouter
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+WORKER_HEADER = "X-Leyline-Worker"
 
 
 def leyline_version() -> str:
@@ -48,3 +53,25 @@ def worker_info_router(served_model_name: str, path: str) -> APIRouter:
         return dict(model)
 
     return router
+
+
+class WorkerName:
+    """Add ``X-Leyline-Worker: NAME`` to every response (pure ASGI middleware: a streamed
+    answer carries it in its head like any other; the body passes through untouched)."""
+
+    def __init__(self, app: ASGIApp, *, name: str) -> None:
+        self.app = app
+        self.header = (WORKER_HEADER.lower().encode("latin-1"), name.encode("latin-1"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", ()), self.header]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, named)
