@@ -17,6 +17,7 @@ from leyline.serve.jobs import ClientGone
 from leyline.serve.routes_openai import openai_router
 from leyline.serve.service import Cancelled, LeylineService
 from leyline.serve.settings import ServerSettings
+from leyline.serve.tunnel import ENVELOPE_SLACK, LeylineTunnel
 from leyline.serve.worker import WorkerName, model_path, worker_info_router
 
 CLIENT_CLOSED = 499
@@ -88,6 +89,9 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> FastAP
     app.add_middleware(Access, tenants=settings.tenants_by_key(), metrics=service.metrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(HeadAsGet)  # Access counts a HEAD by its GET route
+    # An envelope (a Leyline request inside POST /v1/completions, for routers that forward
+    # only the OpenAI routes) is unpacked above every check, so its request meets them all.
+    app.add_middleware(LeylineTunnel, max_body_bytes=settings.max_body_bytes + ENVELOPE_SLACK)
     if settings.worker_name is not None:
         # Outermost: every answer the app gives carries it, a 401 or 413 of the layers
         # below included.

@@ -15,10 +15,9 @@ import json
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from leyline.core.route_guard import error_response
-from leyline.protocol import ErrorCode, LeylineError
+from leyline.serve.buffered import read_body
 from leyline.serve.errors import install_error_handlers
 from leyline.serve.routes_openai import openai_router
 from leyline.serve.service import LeylineService
@@ -51,32 +50,11 @@ class LeylineDispatch:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in ROUTED:
             await self.app(scope, receive, send)
             return
-        messages: list[Message] = []
-        body = b""
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break  # a disconnect: let the app see it
-            body += message.get("body", b"")
-            if len(body) > self.max_body_bytes:
-                too_large = LeylineError(
-                    ErrorCode.limit_exceeded,
-                    f"request body is larger than {self.max_body_bytes} bytes",
-                    "body",
-                )
-                await error_response(too_large)(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
-        replay = iter(messages)
-
-        async def replayed() -> Message:
-            # The buffered body first, then the live channel (disconnects).
-            return next(replay, None) or await receive()
-
-        target = self.leyline_app if _has_leyline(body) else self.app
-        await target(scope, replayed, send)
+        read = await read_body(scope, receive, send, self.max_body_bytes)
+        if read is None:
+            return
+        target = self.leyline_app if _has_leyline(read.body) else self.app
+        await target(scope, read.receive, send)
 
 
 def _has_leyline(body: bytes) -> bool:

@@ -26,6 +26,7 @@ from leyline.serve.openai_dispatch import LeylineDispatch, leyline_openai_app
 from leyline.serve.service import LeylineService
 from leyline.serve.settings import ServerSettings
 from leyline.serve.tenant_keys import TenantKeys, tenants_from_env
+from leyline.serve.tunnel import LeylineTunnel
 from leyline.sglang.backend import SglangBackend
 from leyline.sglang.link import Generated, SchedulerAnswer, SchedulerOrder
 from leyline.sglang.wire import LeylineSpliceReqInput, LeylineSpliceReqOutput, from_wire, to_wire
@@ -201,6 +202,7 @@ def mount(app: Any, tokenizer_manager: Any) -> LeylineService[SaltedSession]:
         app.add_middleware(TenantKeys, tenants=tenants, prefix=API_PREFIX)
         leyline_app = TenantKeys(leyline_app, tenants=tenants)
     app.add_middleware(LeylineDispatch, leyline_app=leyline_app)
+    app.add_middleware(LeylineTunnel)  # outermost: an envelope's request meets the rest
     return service
 
 

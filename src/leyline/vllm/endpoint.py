@@ -30,6 +30,7 @@ from leyline.serve.openai_dispatch import ROUTED, LeylineDispatch, leyline_opena
 from leyline.serve.service import LeylineService
 from leyline.serve.settings import ServerSettings
 from leyline.serve.tenant_keys import TenantKeys, tenants_from_env
+from leyline.serve.tunnel import LeylineTunnel
 from leyline.vllm.backend import (
     RESERVED_SALT_PREFIX,
     VllmBackend,
@@ -63,6 +64,7 @@ class LeylineEndpoint:
 
     def attach_router(self, app: FastAPI) -> None:
         app.add_middleware(LeylineMiddleware, endpoint=self)
+        app.add_middleware(LeylineTunnel)  # outermost: an envelope's request meets the rest
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
         if engine_client is None:
