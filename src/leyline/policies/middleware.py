@@ -13,6 +13,7 @@ flow); this module makes its requests. What the wrapper does is in docs/middlewa
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -21,6 +22,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from .flows import Flow, run
 from .middleware_base import WrapperBase
+from .middleware_routed import Wait
 from .middleware_wire import Plan, ServerSupport, StreamBase
 
 T = TypeVar("T")
@@ -89,7 +91,8 @@ class LeylineOpenAI(WrapperBase[openai.OpenAI]):
     rewrites of its list (diff mode), go as directives addressed with the spans the server
     reported last call. Against a server without Leyline the edited messages go out plainly
     (the server re-prefills) and the wrapper says so once. A request with directives that
-    fails is re-sent once as plain messages in the session, so the episode goes on.
+    fails is re-sent once as plain messages in the session, so the episode goes on; a
+    session the server lost is replaced by a new one, prefilled from the messages.
     ``stream=True`` streams, directives included.
 
     Args:
@@ -106,6 +109,13 @@ class LeylineOpenAI(WrapperBase[openai.OpenAI]):
         detect_conversations: a call whose messages do not carry on an earlier conversation
             (another system prompt or task) opens a new session; False: one session for all.
         max_conversations: conversations kept (least recently used ones are closed).
+        routed: the base URL is sglang-router's: every Leyline request (capabilities,
+            tokenize, a turn with a ``leyline`` object, a session's GET and DELETE) goes as
+            one envelope over ``POST /v1/completions``, which a worker's tunnel unpacks.
+            Direct or not, a session's requests carry its id as ``X-SMG-Routing-Key``.
+        unreachable_s: in routed mode, how long a request whose worker the router cannot
+            reach (HTTP 500 ``call_upstream_request_error``, 503, no connection) is sent
+            again, after 0.5, 1, 2, 4, 4, ... s.
     """
 
     _lock_type = threading.Lock
@@ -148,4 +158,7 @@ class LeylineOpenAI(WrapperBase[openai.OpenAI]):
     def _perform(self, request: Any) -> Any:
         if isinstance(request, Plan):
             return request.work(self._run)
+        if isinstance(request, Wait):
+            time.sleep(request.seconds)
+            return None
         return request.send(self.client)

@@ -17,6 +17,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from .flows import Flow, arun
 from .middleware_base import WrapperBase
+from .middleware_routed import Wait
 from .middleware_wire import Plan, ServerSupport, StreamBase
 
 _RENDER_TIMEOUT_S = 120.0
@@ -72,7 +73,8 @@ class _AsyncCompletions:
 class AsyncLeylineOpenAI(WrapperBase[openai.AsyncOpenAI]):
     """Wraps an ``openai.AsyncOpenAI`` client; a drop-in for it.
 
-    The arguments are those of :class:`~.middleware.LeylineOpenAI`;
+    The arguments are those of :class:`~.middleware.LeylineOpenAI` (``routed=True`` and
+    ``unreachable_s`` included);
     ``await client.chat.completions.create(...)`` (with ``stream=True``: an async iterator
     of chunks), ``await client.probe()``, ``await client.aclose()``.
     """
@@ -111,6 +113,9 @@ class AsyncLeylineOpenAI(WrapperBase[openai.AsyncOpenAI]):
         return await arun(flow, self._perform)
 
     async def _perform(self, request: Any) -> Any:
+        if isinstance(request, Wait):
+            await asyncio.sleep(request.seconds)
+            return None
         if not isinstance(request, Plan):
             return await request.send(self.client)
         # Plan in a worker thread; its requests (tokenize, summaries) run on this loop.

@@ -9,6 +9,9 @@ makes them drop-ins for the client they wrap. The two shells only make the reque
   (same policy, same sessions, same records): a framework's retry with other options goes
   on with the episode instead of bypassing it. A copy for another ``base_url`` is another
   server: it starts its own conversations, with the same settings.
+
+Every request of a session carries its id as the routing key (``X-SMG-Routing-Key``); in
+routed mode each Leyline request goes as an envelope (:mod:`.middleware_routed`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from .counting import TokenCounter
 from .flows import Flow
 from .messages import Message, canonical_json
 from .middleware_core import CallRecord, Conversations, Episode, PreparedCall
+from .middleware_routed import DEFAULT_MODEL, Envelope, Wait, backoff, enveloped, unreachable
 from .middleware_wire import (
     LEYLINE_KEY,
     Completion,
@@ -44,6 +48,7 @@ from .middleware_wire import (
     extra_body_of,
     failed_skills,
     is_revision_conflict,
+    is_unknown_session,
     normalize_messages,
     pinned_error,
     renderer,
@@ -75,8 +80,14 @@ class WrapperState:
     skills: SkillSet | None
     lock: Any
     """``threading.Lock`` or ``asyncio.Lock``: one call at a time plans and commits."""
+    routed: bool = False
+    """Leyline requests go as envelopes over ``/v1/completions`` (behind a router)."""
+    unreachable_s: float = 30.0
+    """Routed mode: how long a request whose worker cannot be reached is re-sent."""
     support: ServerSupport | None = None
     warned: bool = False
+    model: str | None = None
+    """The model of the last call (an envelope's outer ``model`` outside a call)."""
 
     def fresh(self, lock: Any) -> WrapperState:
         """The same settings, nothing of the conversations (for another server)."""
@@ -84,7 +95,9 @@ class WrapperState:
         conversations = Conversations(
             old.make_planner, None, directives=old.directives, detect=old.detect, limit=old.limit
         )
-        return WrapperState(conversations, self.skills, lock)
+        return WrapperState(
+            conversations, self.skills, lock, routed=self.routed, unreachable_s=self.unreachable_s
+        )
 
 
 class WrapperBase(Generic[C]):
@@ -107,7 +120,11 @@ class WrapperBase(Generic[C]):
         skills: SkillSet | None = None,
         detect_conversations: bool = True,
         max_conversations: int = 8,
+        routed: bool = False,
+        unreachable_s: float = 30.0,
     ) -> None:
+        if unreachable_s < 0:
+            raise ValueError("unreachable_s must not be negative")
         parsed = parse_policy(policy) if policy is not None else None  # errors now, not later
 
         def make_planner() -> TurnPlanner:
@@ -120,7 +137,10 @@ class WrapperBase(Generic[C]):
             detect=detect_conversations,
             limit=max_conversations,
         )
-        self._bind(client, WrapperState(conversations, skills, self._new_lock()))
+        state = WrapperState(
+            conversations, skills, self._new_lock(), routed=routed, unreachable_s=unreachable_s
+        )
+        self._bind(client, state)
 
     def _bind(self, client: C, state: WrapperState) -> None:
         self.client = client
@@ -172,6 +192,11 @@ class WrapperBase(Generic[C]):
     @property
     def skills(self) -> SkillSet | None:
         return self._state.skills
+
+    @property
+    def routed(self) -> bool:
+        """Leyline requests go as envelopes over ``/v1/completions`` (behind a router)."""
+        return self._state.routed
 
     # -- a drop-in for the wrapped client ---------------------------------------------
 
@@ -229,6 +254,8 @@ class WrapperBase(Generic[C]):
         self, agent: list[Message], extra: dict[str, object], kwargs: dict[str, Any]
     ) -> Flow[Any]:
         streamed = bool(kwargs.get("stream"))
+        if isinstance(kwargs.get("model"), str):
+            self._state.model = kwargs["model"]
         support = yield from self._probe()
         episode, evicted, new = self.conversations.route(agent)
         yield from self._close_sessions(evicted)
@@ -242,11 +269,14 @@ class WrapperBase(Generic[C]):
         prepared = yield self._plan(call, summaries)
         call.t0 = time.perf_counter()
         try:
-            response = yield self._completion(prepared, kwargs, extra)
+            response = yield from self._send(self._completion(prepared, kwargs, extra))
         except (openai.APIStatusError, openai.APIConnectionError) as exc:
             _raise_pinned(exc, episode)
+            if self._state.routed and unreachable(exc):
+                raise  # its worker stayed out of reach for unreachable_s: nothing changed
             plan = prepared.plan
-            if prepared.leyline is None or not (plan.directives or plan.check_revision):
+            ours = plan.directives or plan.check_revision or is_unknown_session(exc)
+            if prepared.leyline is None or not ours:
                 raise  # nothing of ours in it: the planner is as it was
             response = None
             if is_revision_conflict(exc) and episode.planner.decaying:
@@ -255,18 +285,28 @@ class WrapperBase(Generic[C]):
                 if call.dropped:
                     prepared = yield self._plan(call, summaries)
                     try:
-                        response = yield self._completion(prepared, kwargs, extra)
+                        response = yield from self._send(self._completion(prepared, kwargs, extra))
                     except (openai.APIStatusError, openai.APIConnectionError) as again:
                         _raise_pinned(again, episode)
                         exc = again
             if response is None:
-                call.resync = resync_reason(exc)
-                logger.info("re-sending without directives (%s)", call.resync)
-                self._drop_skills(exc, prepared)
-                episode.drop()
+                if is_unknown_session(exc):
+                    # Lost (its worker died, the server restarted): a new session, which
+                    # a router binds anew, prefilled from the messages.
+                    call.resync, call.lost_session = "session_lost", episode.renew()
+                    logger.info(
+                        "session %s lost; re-sending as plain messages in session %s",
+                        call.lost_session,
+                        episode.session,
+                    )
+                else:
+                    call.resync = resync_reason(exc)
+                    logger.info("re-sending without directives (%s)", call.resync)
+                    self._drop_skills(exc, prepared)
+                    episode.drop()
                 prepared = yield self._plan(call, summaries)
                 try:
-                    response = yield self._completion(prepared, kwargs, extra)
+                    response = yield from self._send(self._completion(prepared, kwargs, extra))
                 except openai.APIStatusError as final:
                     _raise_pinned(final, episode)
                     raise
@@ -298,9 +338,10 @@ class WrapperBase(Generic[C]):
         state = self._state
         if state.support is None:
             try:
-                support = support_from_capabilities((yield self._route("get", Routes.capabilities)))
+                route = self._route("get", Routes.capabilities)
+                support = support_from_capabilities((yield from self._send(route)))
             except openai.APIStatusError as exc:
-                support = support_from_status(exc.status_code)
+                support = support_from_status(exc.status_code, routed=state.routed)
             state.support = support
             if not support.leyline and not state.warned:
                 state.warned = True
@@ -317,7 +358,8 @@ class WrapperBase(Generic[C]):
             return
         for episode in episodes:
             with contextlib.suppress(openai.APIError):
-                yield self._route("delete", _session_path(episode))
+                route = self._route("delete", _session_path(episode), key=episode.session)
+                yield from self._send(route, wait=False)  # best effort: no waiting
 
     def _plan(self, call: _Call, summaries: Callable[[SummaryRequest], Flow[str]]) -> Plan:
         """Planning as blocking work whose requests (the server's rendering, summaries) are
@@ -328,7 +370,7 @@ class WrapperBase(Generic[C]):
             planner = episode.planner
 
             def tokenize(messages: Sequence[Message], tools: list[object] | None) -> Any:
-                return run(self._tokenize(messages, tools))
+                return run(self._tokenize(messages, tools, episode.session))
 
             renders = support.leyline and episode.directives
             planner.render = renderer(tokenize, call.tools) if renders else None
@@ -350,7 +392,8 @@ class WrapperBase(Generic[C]):
         """Read the session (``GET /leyline/v1/sessions/{id}``) and mirror the spans it
         dropped; None when it cannot be read or the drops are not ours."""
         try:
-            data = yield self._route("get", _session_path(episode))
+            route = self._route("get", _session_path(episode), key=episode.session)
+            data = yield from self._send(route)
             info = SessionInfo.model_validate(data)
         except (openai.APIError, ValidationError) as exc:
             logger.info("cannot read the session to mirror its drops: %s", exc)
@@ -366,7 +409,7 @@ class WrapperBase(Generic[C]):
             options = summary_kwargs(model, request)
             key = canonical_json(options)
             if key not in done:
-                done[key] = summary_text((yield Completion(options)))
+                done[key] = summary_text((yield from self._send(Completion(options))))
             return done[key]
 
         return summarize
@@ -384,26 +427,61 @@ class WrapperBase(Generic[C]):
         prepared: PreparedCall, kwargs: dict[str, Any], extra: dict[str, object]
     ) -> Completion:
         body = dict(extra)
-        retries = True
+        retries, key = True, None
         if prepared.leyline is not None:
             body[LEYLINE_KEY] = prepared.leyline
             retries = not prepared.plan.directives  # a 409 is ours to handle
+            session = prepared.leyline.get("session")
+            key = session if isinstance(session, str) else None
         messages = [dict(m) for m in prepared.plan.messages]
-        return Completion({"messages": messages, "extra_body": body or None, **kwargs}, retries)
+        options = {"messages": messages, "extra_body": body or None, **kwargs}
+        return Completion(options, retries, key)
 
     def _tokenize(
-        self, messages: Sequence[Message], tools: list[object] | None
+        self, messages: Sequence[Message], tools: list[object] | None, session: str
     ) -> Flow[TokenizeResponse]:
+        """The server's rendering of ``messages`` for the conversation of ``session`` (the
+        routing key: with a router, the worker that holds it renders)."""
         try:
-            data = yield self._route("post", Routes.tokenize, tokenize_body(messages, tools))
+            route = self._route("post", Routes.tokenize, tokenize_body(messages, tools), session)
+            data = yield from self._send(route)
             return TokenizeResponse.model_validate(data)
         except (openai.APIError, ValidationError) as exc:
             raise RenderUnavailable(str(exc)[:200]) from exc
 
     def _route(
-        self, method: Literal["get", "post", "delete"], path: str, body: object = None
+        self,
+        method: Literal["get", "post", "delete"],
+        path: str,
+        body: object = None,
+        key: str | None = None,
     ) -> Route:
-        return Route(method, server_root(self.client.base_url) + path, body)
+        return Route(method, server_root(self.client.base_url), path, body, key)
+
+    def _send(self, request: Route | Completion, *, wait: bool = True) -> Flow[Any]:
+        """Make ``request``: as it is, or in routed mode as an envelope (a Leyline route or a
+        turn with a ``leyline`` object). In routed mode a request whose worker the router
+        cannot reach (yet) is sent again unchanged after 0.5, 1, 2, 4, 4, ... s, for at most
+        ``unreachable_s`` (``wait=False``: never). Nothing reached a worker; were it
+        delivered after all, its ``base_revision`` is stale by then, and the 409 goes the
+        way of any revision conflict: a batch is never applied twice."""
+        state = self._state
+        if not state.routed:
+            return (yield request)
+        sent: Route | Completion | Envelope = request
+        if enveloped(request):
+            sent = Envelope(request, state.model or DEFAULT_MODEL)
+        deadline = time.monotonic() + state.unreachable_s
+        waits = backoff()
+        while True:
+            try:
+                return (yield sent)
+            except (openai.APIStatusError, openai.APIConnectionError) as exc:
+                delay = next(waits)
+                if not wait or not unreachable(exc) or time.monotonic() + delay > deadline:
+                    raise
+                logger.info("worker unreachable (%s); sending again in %.1f s", exc, delay)
+                yield Wait(delay)
 
 
 class Chat:
@@ -426,6 +504,8 @@ class _Call:
     prepared: PreparedCall | None = None
     t0: float = 0.0
     resync: str | None = None
+    lost_session: str | None = None
+    """The session this call found lost (it went on in a new one)."""
     dropped: tuple[Dropped, ...] = ()
 
     def commit(self, completion: ChatCompletion, *, streamed: bool = False) -> None:
@@ -440,6 +520,7 @@ class _Call:
             streamed=streamed,
             new_conversation=self.new,
             dropped=self.dropped,
+            lost_session=self.lost_session,
         )
 
 

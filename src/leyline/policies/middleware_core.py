@@ -15,7 +15,13 @@ from dataclasses import asdict, dataclass, replace
 
 from pydantic import BaseModel, ValidationError
 
-from leyline.protocol import LeylineRequest, LeylineResponse, SpliceDirective, TokenSpan
+from leyline.protocol import (
+    LeylineRequest,
+    LeylineResponse,
+    RequestOptions,
+    SpliceDirective,
+    TokenSpan,
+)
 from leyline.protocol.resources import SessionInfo
 
 from .align import align_messages
@@ -51,7 +57,9 @@ class CallRecord:
     plan_fallback: str | None = None
     """Why the edits could not be expressed as directives (they went as messages)."""
     resync: str | None = None
-    """Why the request with directives failed and was re-sent as plain messages."""
+    """Why the request failed and was re-sent as plain messages: the Leyline error code
+    (``revision_conflict``, ...), ``HTTP 503``, ..., or ``session_lost`` (the server no
+    longer had the session: see ``lost_session``)."""
     revision: int | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -76,6 +84,9 @@ class CallRecord:
     """Spans the server dropped and the wrapper mirrored this call: ``decay`` spans dropped
     under memory pressure (learnt from a ``revision_conflict`` before the call was re-sent)
     and ``scratch`` spans dropped at the end of this call's turn."""
+    lost_session: str | None = None
+    """The session the server no longer had (``resync == "session_lost"``): the call went
+    on in a new session, ``session``, prefilled from its messages."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -122,6 +133,12 @@ class Episode:
         """The plan of the last completed call (its ``edits``, ``directives``, ``messages``)."""
         self.pending: object | None = None
         """A stream sent on this episode and not yet read to its end."""
+        self.answered = False
+        """The server answered a call in ``session``: it exists there, and later calls say
+        it must (``options.require_session``, where the server offers it)."""
+        self.losses = 0
+        """Sessions of this episode the server lost (each went on in a new one)."""
+        self._origin = session
         self._reply: _Reply | None = None
 
     def prepare(self, messages: Sequence[Message], support: ServerSupport) -> PreparedCall:
@@ -138,8 +155,10 @@ class Episode:
         plan = self.planner.plan(messages, tail=tail, replace_tail=unsent)
         if not support.leyline:
             return PreparedCall(plan, None)
+        required = self.answered and support.require_session
         if not self.directives:
-            return PreparedCall(plan, LeylineRequest(session=self.session).model_dump(mode="json"))
+            request = _required(LeylineRequest(session=self.session), required)
+            return PreparedCall(plan, request.model_dump(mode="json"))
         if (
             plan.directives
             and reply is not None
@@ -147,8 +166,8 @@ class Episode:
             and not self._reply_sent(plan.messages)
         ):
             plan = replace(plan, directives=(*plan.directives, self._drop_reply(reply)))
-        body = plan.leyline(self.session).model_dump(mode="json", exclude_none=True)
-        return PreparedCall(plan, body)
+        request = _required(plan.leyline(self.session), required)
+        return PreparedCall(plan, request.model_dump(mode="json", exclude_none=True))
 
     def commit(
         self,
@@ -161,10 +180,14 @@ class Episode:
         streamed: bool = False,
         new_conversation: bool = False,
         dropped: tuple[Dropped, ...] = (),
+        lost_session: str | None = None,
     ) -> CallRecord:
         """Record that the server answered ``prepared`` with ``completion`` (``dropped``:
-        what was mirrored before the request was sent)."""
+        what was mirrored before the request was sent; ``lost_session``: the session the
+        call found lost)."""
         plan = prepared.plan
+        if prepared.leyline is not None:
+            self.answered = True
         sent = plan.directives if prepared.leyline is not None else ()
         leyline = _leyline_of(completion) if prepared.leyline is not None else None
         scratched = self.planner.commit(plan, leyline if self.directives else None)
@@ -205,6 +228,7 @@ class Episode:
             streamed=streamed,
             new_conversation=new_conversation,
             dropped=(*dropped, *scratched),
+            lost_session=lost_session,
         )
         self.records.append(record)
         self.last_plan = plan
@@ -222,10 +246,22 @@ class Episode:
         return found
 
     def drop(self) -> None:
-        """The server's cache is not what the planner thinks (conflict, lost session, error):
-        the next call sends plain messages in the session; the server re-prefills."""
+        """The server's cache is not what the planner thinks (conflict, error): the next
+        call sends plain messages in the session; the server re-prefills."""
         self.planner.drop_session()
         self._reply = None
+
+    def renew(self) -> str:
+        """The server lost the session: drop what it held, go on in a new session (the
+        first id with ``~n``, n counting losses; a fresh id where that would be longer than
+        a session id may be). Returns the lost id."""
+        lost = self.session
+        self.drop()
+        self.losses += 1
+        renewed = f"{self._origin}~{self.losses}"
+        self.session = renewed if len(renewed) <= MAX_SESSION_ID else new_session_id()
+        self.answered = False
+        return lost
 
     def _reply_sent(self, messages: Sequence[Message]) -> bool:
         """Whether the agent sent the last reply back as a new message."""
@@ -345,8 +381,20 @@ def _calls(message: Message) -> str:
     return canonical_json(out)
 
 
+MAX_SESSION_ID = 128
+"""The longest session id the protocol takes (``LeylineRequest.session``)."""
+
+
 def new_session_id() -> str:
     return f"leyline-{uuid.uuid4().hex[:16]}"
+
+
+def _required(request: LeylineRequest, required: bool) -> LeylineRequest:
+    """``request`` with ``options.require_session`` set when ``required``."""
+    if not required:
+        return request
+    options = RequestOptions(**{**request.options.model_dump(), "require_session": True})
+    return request.model_copy(update={"options": options})
 
 
 def _leyline_of(completion: BaseModel) -> LeylineResponse | None:

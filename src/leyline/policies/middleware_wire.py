@@ -35,33 +35,55 @@ from .skills import SkillSet
 LEYLINE_KEY = "leyline"
 """The key of the Leyline object in a request body (``extra_body``) and in a response."""
 
+ROUTING_KEY = "X-SMG-Routing-Key"
+"""The header naming the session a request belongs to: sglang-router (``--policy manual``)
+sends every request with the same key to the same worker; a server ignores it."""
+
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A request to a Leyline route: ``GET`` or ``DELETE`` ``url``, or ``POST`` ``body``."""
+    """A request to a Leyline route: ``GET`` or ``DELETE`` ``path``, or ``POST`` ``body``,
+    at the server ``root``; ``key``: the session it belongs to (the routing key)."""
 
     method: Literal["get", "post", "delete"]
-    url: str
+    root: str
+    path: str
+    """From the server root: ``/leyline/v1/...``."""
     body: object = None
+    key: str | None = None
 
     def send(self, client: Any) -> Any:
         """Make it with an OpenAI client (an async client's answer is to be awaited)."""
-        options = {"body": self.body} if self.method == "post" else {}
-        return getattr(client, self.method)(self.url, cast_to=object, **options)
+        options: dict[str, Any] = {"body": self.body} if self.method == "post" else {}
+        if self.key is not None:
+            options["options"] = {"headers": {ROUTING_KEY: self.key}}
+        return getattr(client, self.method)(self.root + self.path, cast_to=object, **options)
 
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """A chat completion with these options; ``retries=False``: without the client's retries."""
+    """A chat completion with these options; ``retries=False``: without the client's retries;
+    ``key``: the session it belongs to (the routing key; None for a request without one)."""
 
     options: dict[str, Any]
     retries: bool = True
+    key: str | None = None
 
     def send(self, client: Any) -> Any:
         """Make it with an OpenAI client (an async client's answer is to be awaited)."""
         if not self.retries:
             client = client.with_options(max_retries=0)
-        return client.chat.completions.create(**self.options)
+        options = self.options
+        if self.key is not None:
+            headers = {**(options.get("extra_headers") or {}), ROUTING_KEY: self.key}
+            options = {**options, "extra_headers": headers}
+        return client.chat.completions.create(**options)
+
+    @property
+    def leyline(self) -> bool:
+        """The request carries a ``leyline`` object (it is a turn of a session)."""
+        extra = self.options.get("extra_body")
+        return isinstance(extra, Mapping) and LEYLINE_KEY in extra
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +113,13 @@ class ServerSupport:
         return self.leyline and caps is not None and wanted <= set(caps.verbs)
 
     @property
+    def require_session(self) -> bool:
+        """A turn may say its session must exist (``options.require_session``): a Leyline
+        server whose capabilities say ``require_session``."""
+        caps = self.capabilities
+        return self.leyline and caps is not None and caps.require_session
+
+    @property
     def compose(self) -> bool:
         """Skills can be composed: a Leyline server whose verbs include ``compose``."""
         caps = self.capabilities
@@ -112,9 +141,12 @@ def support_from_capabilities(data: object) -> ServerSupport:
     return ServerSupport(True, f"Leyline {caps.protocol_version} (verbs: {verbs})", caps)
 
 
-def support_from_status(status: int) -> ServerSupport:
-    """The capabilities route answered with an error status: a server without Leyline."""
+def support_from_status(status: int, *, routed: bool = False) -> ServerSupport:
+    """The capabilities route answered with an error status: a server without Leyline
+    (``routed``: asked in an envelope, which a server without the tunnel refuses)."""
     what = "not found" if status == 404 else f"HTTP {status}"
+    if routed:
+        return ServerSupport(False, f"no Leyline capabilities through the envelope ({what})")
     return ServerSupport(False, f"no Leyline capabilities route ({what})")
 
 
@@ -379,3 +411,8 @@ def pinned_error(exc: BaseException, session: str | None) -> PinnedSpanError | N
 
 def is_revision_conflict(exc: BaseException) -> bool:
     return isinstance(exc, openai.APIStatusError) and exc.code == "revision_conflict"
+
+
+def is_unknown_session(exc: BaseException) -> bool:
+    """The server has no such session (a bare 404, such as a router's, is not this)."""
+    return isinstance(exc, openai.APIStatusError) and exc.code == "unknown_session"
