@@ -79,6 +79,8 @@ class ToyWorker:
         self.seen: list[Seen] = []
         self.failures: list[int | str] = []
         self.lose = 0
+        self.typed_204 = False
+        """A 204 says its empty body is JSON (a proxy on the way that adds a content type)."""
         self.applied: list[tuple[str, int]] = []
         """Each batch run to a 200: its session and base revision."""
 
@@ -119,11 +121,10 @@ class ToyWorker:
             return OPENAI_HTTPX.Response(
                 status, content=answer, headers={"content-type": "text/event-stream"}
             )
-        return (
-            OPENAI_HTTPX.Response(status, json=answer)
-            if answer is not None
-            else (OPENAI_HTTPX.Response(status))
-        )
+        if answer is not None:
+            return OPENAI_HTTPX.Response(status, json=answer)
+        typed = {"content-type": "application/json"} if self.typed_204 else {}
+        return OPENAI_HTTPX.Response(status, headers=typed)
 
     def answer(self, method: str, path: str, content: bytes) -> tuple[int, Any]:
         body = json.loads(content) if content else {}
@@ -231,6 +232,15 @@ def test_a_summary_goes_as_plain_chat_even_in_routed_mode() -> None:
     plain = [s for s in worker.seen if s.route is None]
     assert plain and all(s.path == "/v1/chat/completions" and s.key is None for s in plain)
     assert all("leyline" not in s.body for s in plain)
+
+
+def test_closing_is_best_effort_whatever_the_answer() -> None:
+    worker = ToyWorker()
+    worker.typed_204 = True
+    wrapper = LeylineOpenAI(worker.openai(), POLICY, routed=True)
+    step(wrapper, opening(), 2)
+    wrapper.close()  # an empty body said to be JSON does not raise
+    assert worker.seen[-1].inner == ("DELETE", f"/leyline/v1/sessions/{wrapper.session}")
 
 
 def test_require_session_goes_with_every_call_after_the_first_answered_one() -> None:

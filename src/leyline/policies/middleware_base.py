@@ -357,7 +357,7 @@ class WrapperBase(Generic[C]):
         if support is None or not support.leyline:
             return
         for episode in episodes:
-            with contextlib.suppress(openai.APIError):
+            with contextlib.suppress(openai.APIError, ValueError):  # an answer not JSON
                 route = self._route("delete", _session_path(episode), key=episode.session)
                 yield from self._send(route, wait=False)  # best effort: no waiting
 
