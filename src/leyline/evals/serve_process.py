@@ -41,8 +41,7 @@ def serve_process(
     """``leyline serve OPTIONS`` (its output in ``log``, ``env`` on top of ours); raises
     with the log's tail if it exits or does not answer ``/health`` in time."""
     port = free_port()
-    command = [sys.executable, "-m", "leyline.cli.main", "serve"]
-    command += ["--host", "127.0.0.1", "--port", str(port), *options]
+    command = serve_command(port, options)
     with log.open("wb") as sink:
         process = subprocess.Popen(
             command,
@@ -52,7 +51,7 @@ def serve_process(
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(process, base, log, ready_timeout_s)
+        wait_healthy(process, base, log, ready_timeout_s)
         yield ServeProcess(base, process)
     finally:
         process.terminate()
@@ -62,7 +61,15 @@ def serve_process(
             process.kill()
 
 
-def _wait_healthy(process: subprocess.Popen[bytes], base: str, log: Path, timeout: float) -> None:
+def serve_command(port: int, options: list[str]) -> list[str]:
+    """The command line of ``leyline serve OPTIONS`` on ``127.0.0.1:port`` (this Python)."""
+    command = [sys.executable, "-m", "leyline.cli.main", "serve"]
+    return [*command, "--host", "127.0.0.1", "--port", str(port), *options]
+
+
+def wait_healthy(process: subprocess.Popen[bytes], base: str, log: Path, timeout: float) -> None:
+    """Wait until ``base/health`` answers 200; raises with ``log``'s tail if ``process``
+    exits first or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
