@@ -71,7 +71,7 @@ sglang-live-check: setup
 	bash scripts/sglang/live_check.sh
 
 clean:
-	rm -rf $(VENV) $(SDK_VENV) .venv-debuggym .venv-sglang .venv-vllm .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SDK_VENV) .venv-debuggym .venv-sglang .venv-vllm .venv-router .pytest_cache .mypy_cache .ruff_cache
 
 # vLLM 0.32.0 (CPU) in its own environment (.venv-vllm), then the vLLM backend's tests
 # against its real classes (docs/vllm-design.md).
@@ -87,3 +87,11 @@ vllm-check:
 .PHONY: vllm-live-check
 vllm-live-check: setup
 	bash scripts/vllm/live_check.sh
+
+# The real sglang-router 0.3.2 (its own venv, .venv-router) in front of two real leyline serve
+# workers on this CPU: agent episodes through the SDK in routed mode, one worker killed in
+# mid-run and started again; targets on completion, lost messages, stickiness, the splice
+# share and the router's added latency (docs/deploy.md).
+.PHONY: router-live-check
+router-live-check: setup
+	bash scripts/router/live_check.sh
