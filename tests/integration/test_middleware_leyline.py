@@ -185,10 +185,13 @@ def test_a_lost_session_resyncs_and_the_next_turn_splices(leyline_url: str) -> N
     wrapper = LeylineOpenAI(client(leyline_url), "truncate:keep_last=1")
     messages = scripted(wrapper, 2)
     root = leyline_url.removesuffix("/v1")
-    assert httpx.delete(f"{root}/leyline/v1/sessions/{wrapper.session}").status_code == 204
+    lost = wrapper.session
+    assert httpx.delete(f"{root}/leyline/v1/sessions/{lost}").status_code == 204
     messages += turn(3)
     record = ask(wrapper, messages)
-    assert record.resync == "unknown_session" and record.reused_tokens == 0
+    # The episode goes on in a new session (a router would bind it anew), prefilled whole.
+    assert record.resync == "session_lost" and record.lost_session == lost
+    assert wrapper.session == f"{lost}~1" and record.reused_tokens == 0
     messages += turn(4)
     assert_spliced(ask(wrapper, messages))
 
