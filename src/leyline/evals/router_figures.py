@@ -301,7 +301,17 @@ def summarize(
     answered = {k: v for k, v in sessions.items() if v}
     records1 = [r for e in pass1 for r in e.records]
     records2 = [r for e in pass2 for r in e.records]
-    share1 = splice_share(records1)
+    # Like for like: the calls of pass 1 at the places (episode, call) where pass 2
+    # re-created a lost session are left out too, as those calls are in pass 2.
+    recreated = {
+        (e.index, j)
+        for e in pass2
+        for j, r in enumerate(e.records)
+        if r.get("resync") == RECREATED
+    }
+    share1 = splice_share(
+        r for e in pass1 for j, r in enumerate(e.records) if (e.index, j) not in recreated
+    )
     share2 = splice_share(records2, recreations=False)
     lost_ids = {r["lost_session"] for r in recreations(pass2)}
     expected: set[str] = set()
