@@ -304,10 +304,7 @@ def summarize(
     # Like for like: the calls of pass 1 at the places (episode, call) where pass 2
     # re-created a lost session are left out too, as those calls are in pass 2.
     recreated = {
-        (e.index, j)
-        for e in pass2
-        for j, r in enumerate(e.records)
-        if r.get("resync") == RECREATED
+        (e.index, j) for e in pass2 for j, r in enumerate(e.records) if r.get("resync") == RECREATED
     }
     share1 = splice_share(
         r for e in pass1 for j, r in enumerate(e.records) if (e.index, j) not in recreated
