@@ -7,8 +7,9 @@ row the same splice built alone (``apply``, then a turn) gives."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from leyline.protocol.resources import ApplyDirectives
 from leyline.vllm.backend import VllmBackend, VllmSession
 from leyline.vllm.build import padded
 from leyline.vllm.link import Answer
+from leyline.vllm.runner import Ran
 
 from ._fake_engine import FakeEngine, Value
 from .test_backend import BLOCK, TOKENS, _handle, _session, _splice, _stack
@@ -130,21 +132,38 @@ def test_the_turn_runs_the_builds_last_request() -> None:
     assert (outcome.prefill.reused_tokens, outcome.prefill.prefilled_tokens) == (19, 5)
 
 
-def test_a_source_evicted_before_the_turn_is_the_edits_missing_source() -> None:
+REPLACED = (*TOKENS[:6], 1, *TOKENS[10:], *TAIL)
+"""The prompt of a turn that replaces old rows 6-9 with one token, then adds ``TAIL``."""
+
+
+def _replacement_turn(
+    around: Callable[[FakeEngine, tuple[int, ...], Callable[[], Awaitable[Ran]]], Awaitable[Ran]],
+) -> tuple[Outcome, FakeEngine]:
+    """That turn, on a backend that has loaded rows once, with the turn's own request run
+    through ``around(engine, tokens, run)`` (the build's requests run as they are)."""
     service, backend, engine = _stack()
     _loaded_once(service, backend)
     session = _session(service, TOKENS)
-    new = (*TOKENS[:6], 1, *TOKENS[10:])
-    prompt = (*new, *TAIL)
     run = engine.run
 
-    async def evicting(tokens: Sequence[int], *args: Any, **kwargs: Any) -> Any:
-        if tuple(tokens) == prompt:  # the old sequence's fourth block, rows 12-15
-            engine.cache.pop((None, padded(TOKENS, BLOCK)[:16]))
-        return await run(tokens, *args, **kwargs)
+    class Around:
+        async def run(self, tokens: Sequence[int], *args: Any, **kwargs: Any) -> Ran:
+            request = partial(run, tokens, *args, **kwargs)
+            if tuple(tokens) != REPLACED:
+                return await request()
+            return await around(engine, tuple(tokens), request)
 
-    backend.runner = type("Evicting", (), {"run": staticmethod(evicting)})()
-    outcome = _turn(service, session, [_splice(6, 10, [1])], prompt)
+    backend.runner = Around()
+    return _turn(service, session, [_splice(6, 10, [1])], REPLACED), engine
+
+
+def test_a_source_evicted_before_the_turn_is_the_edits_missing_source() -> None:
+    async def evicting(engine: FakeEngine, _: tuple[int, ...], run: Any) -> Ran:
+        engine.cache.pop((None, padded(TOKENS, BLOCK)[:16]))  # old rows 12-15
+        return await run()
+
+    outcome, engine = _replacement_turn(evicting)
+    prompt = REPLACED
     turn = engine.requests[-1]
     # Old rows 10 and 11 (new 7, 8) loaded; from old row 12 on, computed by the turn.
     assert turn.kv[7:9] == [f"loaded None {p + 3} -3" for p in range(7, 9)]
@@ -180,21 +199,10 @@ def test_a_prompt_that_does_not_extend_the_edit_gets_the_whole_build() -> None:
 
 
 def test_a_turn_whose_rows_the_worker_refused_says_it_re_prefilled() -> None:
-    service, backend, engine = _stack()
-    _loaded_once(service, backend)
-    session = _session(service, TOKENS)
-    new = (*TOKENS[:6], 1, *TOKENS[10:])
-    prompt = (*new, *TAIL)
-    run = engine.run
+    async def refusing(engine: FakeEngine, _: tuple[int, ...], run: Any) -> Ran:
+        return replace(await run(), answer=Answer(fallback_reason="unsupported_layout"))
 
-    async def refusing(tokens: Sequence[int], *args: Any, **kwargs: Any) -> Any:
-        ran = await run(tokens, *args, **kwargs)
-        if tuple(tokens) != prompt:
-            return ran
-        return replace(ran, answer=Answer(fallback_reason="unsupported_layout"))
-
-    backend.runner = type("Refusing", (), {"run": staticmethod(refusing)})()
-    outcome = _turn(service, session, [_splice(6, 10, [1])], prompt)
+    outcome, _ = _replacement_turn(refusing)
     edit = outcome.edit
     assert edit is not None and edit.path == "reprefill"
     assert edit.fallback_reason == "unsupported_layout" and edit.rotated_tokens == 0
