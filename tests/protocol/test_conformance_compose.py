@@ -31,11 +31,12 @@ from leyline.protocol.resources import (
 )
 
 from .composed_blocks import composed_blocks
+from .fake_server import FakeServerBase
 
 MODEL = "fake"
 
 
-class FakeServer:
+class FakeServer(FakeServerBase):
     """Sessions of token ids (text: one token per character) and skills, one tenant."""
 
     def __init__(
@@ -52,12 +53,6 @@ class FakeServer:
         self.executed = listed if executed is None else executed  # those it runs
         self.sessions: dict[str, tuple[list[int], int]] = {}
         self.skills: dict[str, SkillInfo] = {}
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        try:
-            return self._route(request)
-        except LeylineError as exc:
-            return httpx.Response(exc.http_status, content=exc.to_body().model_dump_json())
 
     def _route(self, request: httpx.Request) -> httpx.Response:
         parts = [unquote(p) for p in request.url.path.split("/")[3:]]

@@ -16,6 +16,8 @@ from leyline.protocol.envelope import RequestOptions
 from leyline.protocol.errors import ErrorCode
 from leyline.protocol.resources import ApplyDirectives, SessionCreate, SessionInfo
 
+from .fake_server import FakeServerBase
+
 
 def test_an_unset_option_is_not_sent() -> None:
     """A 1.0 server forbids unknown fields: a client that does not set the option sends
@@ -41,7 +43,7 @@ def test_a_server_that_does_not_send_the_flag_does_not_offer_the_option() -> Non
     assert offered.require_session is True
 
 
-class FakeServer:
+class FakeServer(FakeServerBase):
     """Sessions of token ids (text: one token per character); completions append one token.
 
     ``creates``: a turn on an unknown session with the option creates it anyway and runs;
@@ -54,12 +56,6 @@ class FakeServer:
         self.fault = fault
         self.sessions: dict[str, list[int]] = {}
         self.completions = 0
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        try:
-            return self._route(request)
-        except LeylineError as exc:
-            return httpx.Response(exc.http_status, content=exc.to_body().model_dump_json())
 
     def _route(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
