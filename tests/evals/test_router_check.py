@@ -13,7 +13,6 @@ import pytest
 
 from leyline.evals import router_check as rc
 from leyline.evals import router_figures as rf
-from leyline.evals.router_check import Collector
 from leyline.evals.router_figures import (
     Episode,
     Exchange,
@@ -26,6 +25,7 @@ from leyline.evals.router_figures import (
     summarize,
     targets,
 )
+from leyline.evals.router_passes import Collector
 
 CHAT = rf.CHAT_ROUTE
 
