@@ -35,7 +35,8 @@ from .counting import TokenCounter
 from .flows import Flow
 from .messages import Message, canonical_json
 from .middleware_core import CallRecord, Conversations, Episode, PreparedCall
-from .middleware_routed import DEFAULT_MODEL, Envelope, Wait, backoff, enveloped, unreachable
+from .middleware_dropin import ClientDropIn
+from .middleware_routed import DEFAULT_MODEL, routed, unreachable
 from .middleware_wire import (
     LEYLINE_KEY,
     Completion,
@@ -100,7 +101,7 @@ class WrapperState:
         )
 
 
-class WrapperBase(Generic[C]):
+class WrapperBase(ClientDropIn, Generic[C]):
     """A wrapper around an OpenAI client ``C``: its state, its drop-in attributes, and each
     call as flows (:mod:`.flows`) whose requests the sync or async shell makes."""
 
@@ -198,31 +199,7 @@ class WrapperBase(Generic[C]):
         """Leyline requests go as envelopes over ``/v1/completions`` (behind a router)."""
         return self._state.routed
 
-    # -- a drop-in for the wrapped client ---------------------------------------------
-
-    @property
-    def base_url(self) -> Any:
-        return self.client.base_url
-
-    @property
-    def api_key(self) -> str:
-        return self.client.api_key
-
-    @property
-    def organization(self) -> str | None:
-        return self.client.organization
-
-    @property
-    def project(self) -> str | None:
-        return self.client.project
-
-    @property
-    def timeout(self) -> Any:
-        return self.client.timeout
-
-    @property
-    def max_retries(self) -> int:
-        return self.client.max_retries
+    # -- a drop-in for the wrapped client (the rest: ClientDropIn) ----------------------
 
     def copy(self, **options: Any) -> Self:
         """A wrapper of ``client.copy(**options)`` that keeps this one's conversations
@@ -236,12 +213,6 @@ class WrapperBase(Generic[C]):
         return twin
 
     with_options = copy
-
-    def __getattr__(self, name: str) -> Any:
-        """Everything else is the wrapped client's (``models``, ``embeddings``, ...)."""
-        if name.startswith("__") or "client" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.__dict__["client"], name)
 
     # -- one call, sans IO: the flows the shells run ------------------------------------
 
@@ -459,29 +430,14 @@ class WrapperBase(Generic[C]):
         return Route(method, server_root(self.client.base_url), path, body, key)
 
     def _send(self, request: Route | Completion, *, wait: bool = True) -> Flow[Any]:
-        """Make ``request``: as it is, or in routed mode as an envelope (a Leyline route or a
-        turn with a ``leyline`` object). In routed mode a request whose worker the router
-        cannot reach (yet) is sent again unchanged after 0.5, 1, 2, 4, 4, ... s, for at most
-        ``unreachable_s`` (``wait=False``: never). Nothing reached a worker; were it
-        delivered after all, its ``base_revision`` is stale by then, and the 409 goes the
-        way of any revision conflict: a batch is never applied twice."""
+        """Make ``request``: as it is, or in routed mode as an envelope, waiting out a
+        worker the router cannot reach yet (:func:`.middleware_routed.routed`)."""
         state = self._state
         if not state.routed:
             return (yield request)
-        sent: Route | Completion | Envelope = request
-        if enveloped(request):
-            sent = Envelope(request, state.model or DEFAULT_MODEL)
-        deadline = time.monotonic() + state.unreachable_s
-        waits = backoff()
-        while True:
-            try:
-                return (yield sent)
-            except (openai.APIStatusError, openai.APIConnectionError) as exc:
-                delay = next(waits)
-                if not wait or not unreachable(exc) or time.monotonic() + delay > deadline:
-                    raise
-                logger.info("worker unreachable (%s); sending again in %.1f s", exc, delay)
-                yield Wait(delay)
+        model = state.model or DEFAULT_MODEL
+        unreachable_s = state.unreachable_s if wait else 0.0
+        return (yield from routed(request, model, unreachable_s))
 
 
 class Chat:

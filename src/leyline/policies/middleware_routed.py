@@ -12,6 +12,8 @@ No I/O here: the shells make the requests (and the :class:`Wait`).
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +22,7 @@ import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
+from .flows import Flow
 from .middleware_wire import LEYLINE_KEY, ROUTING_KEY, Completion, Route
 
 ENVELOPE_PATH = "/completions"
@@ -38,6 +41,8 @@ last one repeats until ``unreachable_s`` is spent."""
 
 UPSTREAM_ERROR = "call_upstream_request_error"
 """sglang-router's error code for a worker it could not reach (HTTP 500)."""
+
+logger = logging.getLogger("leyline.policies.middleware")
 
 _REQUEST_OPTIONS = ("extra_headers", "extra_query", "extra_body", "timeout")
 """Arguments of ``chat.completions.create`` that are not body fields."""
@@ -162,6 +167,28 @@ def unreachable(exc: BaseException) -> bool:
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code == 503 or (exc.status_code == 500 and exc.code == UPSTREAM_ERROR)
     return False
+
+
+def routed(request: Route | Completion, model: str, unreachable_s: float) -> Flow[Any]:
+    """Make ``request`` behind a router: as an envelope if it is a Leyline one (a route, a
+    turn with a ``leyline`` object), sent again unchanged after 0.5, 1, 2, 4, 4, ... s
+    while its worker cannot be reached, for at most ``unreachable_s``. Nothing reached a
+    worker; were it delivered after all, its ``base_revision`` is stale by then, and the
+    409 goes the way of any revision conflict: a batch is never applied twice."""
+    sent: Route | Completion | Envelope = (
+        Envelope(request, model) if enveloped(request) else request
+    )
+    deadline = time.monotonic() + unreachable_s
+    waits = backoff()
+    while True:
+        try:
+            return (yield sent)
+        except (openai.APIStatusError, openai.APIConnectionError) as exc:
+            delay = next(waits)
+            if not unreachable(exc) or time.monotonic() + delay > deadline:
+                raise
+            logger.info("worker unreachable (%s); sending again in %.1f s", exc, delay)
+            yield Wait(delay)
 
 
 def backoff() -> Iterator[float]:
