@@ -173,3 +173,13 @@ def test_an_envelope_needs_the_key_its_inner_request_needs(server: Server) -> No
         assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
     with server.client() as client:
         assert _through(client, "GET", "/leyline/v1/capabilities").status_code == 200
+
+
+def test_a_lone_surrogate_reaches_the_inner_request_as_its_escape() -> None:
+    """Found by the fuzzer: a JSON escape with no UTF-8 form (a lone surrogate) is carried
+    as the escape, so the inner route judges it as it would a direct request."""
+    raw = b'{"model": "m", "prompt": ".", "leyline": {"route": {"method": "POST", '
+    raw += b'"path": "/leyline/v1/sessions", "body": {"text": "a\\udfffb"}}}}'
+    got = _client().post("/v1/completions", content=raw).json()
+    assert got["path"] == "/leyline/v1/sessions"
+    assert json.loads(got["body"]) == {"text": "a\udfffb"}

@@ -103,7 +103,8 @@ def inner_request(body: bytes) -> InnerRequest | None:
         raise _malformed("no body with GET", ".body")
     encoded = None
     if inner_body is not None:
-        encoded = json.dumps(inner_body, ensure_ascii=False, separators=(",", ":")).encode()
+        # ASCII, escapes kept: a lone surrogate, legal as a JSON escape, has no UTF-8 form.
+        encoded = json.dumps(inner_body, separators=(",", ":")).encode()
     return InnerRequest(str(method), path, query.encode(), encoded)
 
 
