@@ -4,6 +4,7 @@ embedded server reports zero failures of every kind."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from leyline.evals.robustness.checks import Checker
 from leyline.evals.robustness.cli import SIZES
-from leyline.evals.robustness.fuzz import Call, Fuzzer, Limits
+from leyline.evals.robustness.fuzz import Call, Fuzzer, Limits, enveloped
 from leyline.evals.robustness.isolation import TOLERANCE, compare, keyed, leaks, parse_answer
 from leyline.evals.robustness.races import Write, _verdict
 from leyline.evals.robustness.report import counts, met, targets, vacuous_controls
@@ -290,3 +291,17 @@ def test_a_pin_that_lapsed_meanwhile_is_no_state_change() -> None:
     assert not same_state(before, before | {"revision": 4}, now=100.5)
     held = before | {"marks": [pin | {"expires_at": None}]}
     assert not same_state(held, held | {"marks": []}, now=1e12)  # no ttl: never lapses
+
+
+def test_the_fuzzer_carries_leyline_requests_in_envelopes_and_nothing_else() -> None:
+    body = b'{"base_revision": 1, "directives": []}'
+    direct = Call("POST", "/leyline/v1/sessions/fz-0/directives", "r", body, "fz-0", label="x")
+    carried = enveloped(direct)
+    assert carried is not None and carried.path == "/v1/completions"
+    assert (carried.session, carried.route, carried.label) == ("fz-0", "r", "x, enveloped")
+    route = json.loads(carried.body or b"")["leyline"]["route"]
+    assert route == {"method": "POST", "path": direct.path, "body": json.loads(body)}
+    plain_chat = Call("POST", "/v1/chat/completions", "c", b'{"messages": []}')
+    assert enveloped(plain_chat) is None  # the host's request: its errors are the host's
+    assert enveloped(replace(direct, body=b"{not json")) is None
+    assert enveloped(replace(direct, method="PATCH")) is None

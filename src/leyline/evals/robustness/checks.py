@@ -31,6 +31,7 @@ from .fuzz import (
     SKILL_ROUTES,
     Call,
     Fuzzer,
+    is_leyline_request,
     session_path,
     skill_path,
 )
@@ -235,17 +236,6 @@ class Checker:
     def _violate(self, kind: str, call: Call | None, status: int, detail: str) -> None:
         where = f"{call.route} [{call.label}]" if call else ""
         self.tally.violations.append(Violation(kind, _show(call), status, detail, where))
-
-
-def is_leyline_request(call: Call) -> bool:
-    """A request Leyline answers on any host: its routes, or a body with a ``leyline``."""
-    if call.path.startswith("/leyline/v1"):
-        return True
-    try:
-        body = json.loads(call.body or b"")
-    except ValueError:
-        return False
-    return isinstance(body, dict) and "leyline" in body
 
 
 def owns_every_route(base_url: str) -> bool:

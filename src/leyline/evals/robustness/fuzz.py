@@ -8,6 +8,7 @@ accepted chat, completion or directive batch) to under a fifth of the requests.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -90,6 +91,41 @@ class Call:
         return f"{self.method} {self.path} auth={self.auth}{body}"
 
 
+def is_leyline_request(call: Call) -> bool:
+    """A request Leyline answers on any host: its routes, or a body with a ``leyline``."""
+    if call.path.startswith("/leyline/v1"):
+        return True
+    try:
+        body = json.loads(call.body or b"")
+    except ValueError:
+        return False
+    return isinstance(body, dict) and "leyline" in body
+
+
+ENVELOPE_PATH = "/v1/completions"
+
+
+def enveloped(call: Call) -> Call | None:
+    """``call`` carried in an envelope (``serve.tunnel``), None where it cannot be: only
+    Leyline's own requests with a JSON body or none (a host's plain request carried in
+    one is answered by the host, whose errors are not the protocol's)."""
+    try:
+        body = None if call.body is None else json.loads(call.body)
+    except ValueError:
+        return None
+    if not is_leyline_request(call) or call.method not in ("GET", "POST", "DELETE"):
+        return None
+    route = {"method": call.method, "path": call.path, "body": body}
+    outer = {"model": "m", "prompt": ".", "max_tokens": 1, "leyline": {"route": route}}
+    return replace(
+        call,
+        method="POST",
+        path=ENVELOPE_PATH,
+        body=encode(outer),
+        label=f"{call.label}, enveloped",
+    )
+
+
 class Fuzzer:
     def __init__(self, source: Source, limits: Limits) -> None:
         self.source = source
@@ -120,6 +156,8 @@ class Fuzzer:
             if chance(src, 30):
                 method = pick(src, ("POST", "PUT", "DELETE", "PATCH"))
             call = Call(method, path + pick(src, ("", "?x=1", "?tokens=maybe")), path)
+        if chance(src, 8):  # the same request through the tunnel: the same checks hold
+            call = enveloped(call) or call
         return replace(call, auth=auth)
 
     # -- near-valid --------------------------------------------------------------------
