@@ -15,13 +15,7 @@ from dataclasses import asdict, dataclass, replace
 
 from pydantic import BaseModel, ValidationError
 
-from leyline.protocol import (
-    LeylineRequest,
-    LeylineResponse,
-    RequestOptions,
-    SpliceDirective,
-    TokenSpan,
-)
+from leyline.protocol import LeylineRequest, LeylineResponse, SpliceDirective, TokenSpan
 from leyline.protocol.resources import SessionInfo
 
 from .align import align_messages
@@ -393,7 +387,7 @@ def _required(request: LeylineRequest, required: bool) -> LeylineRequest:
     """``request`` with ``options.require_session`` set when ``required``."""
     if not required:
         return request
-    options = RequestOptions(**{**request.options.model_dump(), "require_session": True})
+    options = request.options.model_copy(update={"require_session": True})
     return request.model_copy(update={"options": options})
 
 
