@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -53,8 +53,16 @@ class Call(Generic[T]):
     def request_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"params": self.params} if self.params else {}
         if self.body is not None:
-            kwargs["json"] = self.body.model_dump(mode="json", exclude_none=True)
+            kwargs["json"] = self.json_body()
         return kwargs
+
+    def json_body(self) -> Any:
+        """The JSON body (None: the call sends none)."""
+        return None if self.body is None else self.body.model_dump(mode="json", exclude_none=True)
+
+    def target(self) -> str:
+        """The path with its query (what an envelope's ``route.path`` carries)."""
+        return f"{self.path}?{urlencode(self.params)}" if self.params else self.path
 
     def parse(self, response: httpx.Response) -> T:
         if response.is_success:
