@@ -28,7 +28,7 @@ import openai
 from openai.types.chat import ChatCompletion
 from pydantic import ValidationError
 
-from leyline.protocol.resources import Routes, SessionInfo, TokenizeResponse
+from leyline.protocol.resources import Routes, SessionInfo, SkillInfo, TokenizeResponse
 
 from .base import SummaryRequest
 from .counting import TokenCounter
@@ -50,6 +50,7 @@ from .middleware_wire import (
     failed_skills,
     is_revision_conflict,
     is_unknown_session,
+    is_unknown_skill,
     normalize_messages,
     pinned_error,
     renderer,
@@ -273,7 +274,9 @@ class WrapperBase(ClientDropIn, Generic[C]):
                 else:
                     call.resync = resync_reason(exc)
                     logger.info("re-sending without directives (%s)", call.resync)
-                    self._drop_skills(exc, prepared)
+                    call.reregistered = yield from self._skills_refused(
+                        exc, prepared, episode.session
+                    )
                     episode.drop()
                 prepared = yield self._plan(call, summaries)
                 try:
@@ -385,13 +388,42 @@ class WrapperBase(ClientDropIn, Generic[C]):
 
         return summarize
 
-    def _drop_skills(self, exc: openai.APIError, prepared: PreparedCall) -> None:
-        """A compose the server refused (skill gone or bound elsewhere) is not tried again."""
-        if self.skills is None:
-            return
+    def _skills_refused(
+        self, exc: openai.APIError, prepared: PreparedCall, session: str
+    ) -> Flow[tuple[str, ...]]:
+        """A compose the server refused (skill gone or bound elsewhere) is not tried again;
+        except in routed mode, where a skill the session's worker does not have
+        (``unknown_skill``) is registered there again, with the session's routing key.
+        Returns the skills registered again (their text goes this call, either way)."""
+        skills = self.skills
+        if skills is None:
+            return ()
+        again: list[str] = []
+        register = self._state.routed and is_unknown_skill(exc)
         for skill in failed_skills(exc, prepared.plan.directives):
+            if register and (yield from self._register_again(skills, skill, session)):
+                logger.info("skill %s registered again for session %s", skill, session)
+                again.append(skill)
+                continue
             logger.info("skill %s cannot be composed here; its text goes instead", skill)
-            self.skills.discard(skill)
+            skills.discard(skill)
+        return tuple(again)
+
+    def _register_again(self, skills: SkillSet, skill: str, session: str) -> Flow[bool]:
+        """``POST /leyline/v1/skills`` with the skill's remembered block (the same content:
+        the same id), with ``session`` as the routing key, so it lands on that session's
+        worker; whether the server now holds it."""
+        body = skills.creation(skill)
+        if body is None:
+            return False
+        data = body.model_dump(mode="json", exclude_none=True)
+        try:
+            answer = yield from self._send(self._route("post", Routes.skills, data, session))
+            info = SkillInfo.model_validate(answer)
+        except (openai.APIError, ValidationError, ValueError) as exc:
+            logger.info("skill %s could not be registered again: %s", skill, exc)
+            return False
+        return skills.registered_again(skill, info, session)
 
     @staticmethod
     def _completion(
@@ -462,6 +494,8 @@ class _Call:
     resync: str | None = None
     lost_session: str | None = None
     """The session this call found lost (it went on in a new one)."""
+    reregistered: tuple[str, ...] = ()
+    """Skills registered again on the session's worker (routed mode, ``unknown_skill``)."""
     dropped: tuple[Dropped, ...] = ()
 
     def commit(self, completion: ChatCompletion, *, streamed: bool = False) -> None:
@@ -477,6 +511,7 @@ class _Call:
             new_conversation=self.new,
             dropped=self.dropped,
             lost_session=self.lost_session,
+            reregistered=self.reregistered,
         )
 
 

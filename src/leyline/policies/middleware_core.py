@@ -81,6 +81,10 @@ class CallRecord:
     lost_session: str | None = None
     """The session the server no longer had (``resync == "session_lost"``): the call went
     on in a new session, ``session``, prefilled from its messages."""
+    reregistered: tuple[str, ...] = ()
+    """Routed mode: skills (their ids) the session's worker did not have
+    (``resync == "unknown_skill"``) and that were registered again with the session's
+    routing key: their messages went as text this call, and compose from the next."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -175,10 +179,11 @@ class Episode:
         new_conversation: bool = False,
         dropped: tuple[Dropped, ...] = (),
         lost_session: str | None = None,
+        reregistered: tuple[str, ...] = (),
     ) -> CallRecord:
         """Record that the server answered ``prepared`` with ``completion`` (``dropped``:
         what was mirrored before the request was sent; ``lost_session``: the session the
-        call found lost)."""
+        call found lost; ``reregistered``: the skills registered again on its worker)."""
         plan = prepared.plan
         if prepared.leyline is not None:
             self.answered = True
@@ -223,6 +228,7 @@ class Episode:
             new_conversation=new_conversation,
             dropped=(*dropped, *scratched),
             lost_session=lost_session,
+            reregistered=reregistered,
         )
         self.records.append(record)
         self.last_plan = plan

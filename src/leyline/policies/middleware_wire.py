@@ -24,6 +24,7 @@ from leyline.protocol import (
     is_compatible,
 )
 from leyline.protocol.resources import TokenizeRequest, TokenizeResponse
+from leyline.protocol.routing import ROUTING_KEY as ROUTING_KEY  # re-exported
 
 from .base import SummaryRequest
 from .errors import PinnedSpanError
@@ -34,10 +35,6 @@ from .skills import SkillSet
 
 LEYLINE_KEY = "leyline"
 """The key of the Leyline object in a request body (``extra_body``) and in a response."""
-
-ROUTING_KEY = "X-SMG-Routing-Key"
-"""The header naming the session a request belongs to: sglang-router (``--policy manual``)
-sends every request with the same key to the same worker; a server ignores it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,6 +408,11 @@ def pinned_error(exc: BaseException, session: str | None) -> PinnedSpanError | N
 
 def is_revision_conflict(exc: BaseException) -> bool:
     return isinstance(exc, openai.APIStatusError) and exc.code == "revision_conflict"
+
+
+def is_unknown_skill(exc: BaseException) -> bool:
+    """The server has no such skill (a compose names one it does not hold)."""
+    return isinstance(exc, openai.APIStatusError) and exc.code == "unknown_skill"
 
 
 def is_unknown_session(exc: BaseException) -> bool:

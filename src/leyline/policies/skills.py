@@ -5,6 +5,11 @@
 ``LeylineClient`` / ``AsyncLeylineClient``, one sans-IO flow for both. A skill is registered
 as the server's own rendering of its message (the block rule, anchors, selective recompute
 and skill ids are in docs/policies.md, "Skills (compose)").
+
+Behind a router (a routed client) skills are per worker: a skill is registered with the
+routing key of the session that will compose it (``register(..., routing_key=session)``),
+and the wrappers register it again where a session's worker no longer has it
+(docs/middleware.md, "Skills behind a router").
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 from leyline.protocol.client import AsyncLeylineClient, LeylineClient
 from leyline.protocol.directives import Recompute
 from leyline.protocol.resources import Message as WireMessage
-from leyline.protocol.resources import SkillAnchor, SkillInfo, TokenizeResponse
+from leyline.protocol.resources import SkillAnchor, SkillCreate, SkillInfo, TokenizeResponse
 
 from .errors import SkillError
 from .flows import Flow, arun, run
@@ -54,6 +59,9 @@ class SkillEntry:
     seam_tokens: int = 4
     recompute: Recompute | None = None
     """Selective recompute each compose asks for (None: the directive's default, none)."""
+    anchor: tuple[int, ...] = field(default=(), repr=False)
+    """The anchor tokens the block was compiled after (none: compiled alone)."""
+    description: str | None = None
 
     @property
     def text(self) -> str:
@@ -93,7 +101,8 @@ class _Registration:
         anchor = lead if self.anchored else ()
         return _Upload(skill_id(self.name, tokens, anchor), tokens, anchor)
 
-    def entry(self, tokens: tuple[int, ...], info: SkillInfo) -> SkillEntry:
+    def entry(self, upload: _Upload, info: SkillInfo, description: str | None) -> SkillEntry:
+        tokens = upload.tokens
         if info.num_tokens != len(tokens):
             raise SkillError(
                 self.name, f"registered {len(tokens)} tokens, the server holds {info.num_tokens}"
@@ -107,6 +116,8 @@ class _Registration:
             self.context_key,
             self.seam_tokens,
             self.recompute,
+            upload.anchor,
+            description,
         )
 
 
@@ -154,6 +165,8 @@ class SkillSet:
         self.anchored, self.recompute = anchored, recompute
         self._by_name: dict[str, SkillEntry] = {}
         self._by_id: dict[str, SkillEntry] = {}
+        self._keys: dict[str, set[str]] = {}
+        """Routed mode: each skill id's routing keys it was registered with."""
 
     def __contains__(self, name: object) -> bool:
         return name in self._by_name
@@ -189,8 +202,44 @@ class SkillSet:
         """Forget a skill id the server no longer holds (``unknown_skill``) or cannot use
         here (``skill_mismatch``): its messages go as text until it is registered again."""
         entry = self._by_id.pop(skill, None)
+        self._keys.pop(skill, None)
         if entry is not None and self._by_name.get(entry.name) is entry:
             del self._by_name[entry.name]
+
+    def creation(self, skill: str) -> SkillCreate | None:
+        """The body of ``POST /leyline/v1/skills`` that registers skill id ``skill`` again,
+        as it was (its block, anchor, model, name): the same content gives the same id.
+        None: no such skill is remembered."""
+        entry = self._by_id.get(skill)
+        if entry is None:
+            return None
+        return SkillCreate(
+            skill=entry.skill,
+            model=self.model,
+            tokens=list(entry.tokens),
+            name=entry.name[:256],
+            description=entry.description,
+            anchor=SkillAnchor(tokens=list(entry.anchor)) if entry.anchor else None,
+        )
+
+    def registered_again(self, skill: str, info: SkillInfo, key: str | None) -> bool:
+        """Whether ``info`` (the answer to :meth:`creation`'s body) is the remembered skill:
+        same id and size. ``key``: the routing key it went with, remembered."""
+        entry = self._by_id.get(skill)
+        if entry is None or (info.skill, info.num_tokens) != (skill, len(entry.tokens)):
+            return False
+        self.placed(skill, key)
+        return True
+
+    def placed(self, skill: str, key: str | None) -> None:
+        """Note that skill id ``skill`` was registered with routing key ``key``."""
+        if key is not None:
+            self._keys.setdefault(skill, set()).add(key)
+
+    def is_placed(self, skill: str, key: str | None) -> bool:
+        """Whether skill id ``skill`` was registered with routing key ``key`` (None: no key,
+        any registration counts)."""
+        return key is None or key in self._keys.get(skill, ())
 
     def _registration(
         self,
@@ -318,6 +367,7 @@ class _Library(SkillSet, Generic[C, R]):
         description: str | None = None,
         seam_tokens: int | None = None,
         recompute: Recompute | None = None,
+        routing_key: str | None = None,
         **fields: object,
     ) -> R:
         """Register ``text`` as the skill ``name``: a ``role`` message with ``fields``.
@@ -332,6 +382,12 @@ class _Library(SkillSet, Generic[C, R]):
         with another ``seam_tokens`` or ``recompute`` sends nothing either: the remembered
         entry is updated, and the skill's messages composed from then on ask for those.
 
+        With a routed client (``LeylineClient(..., routed=True)``) skills are per worker:
+        ``routing_key`` (None: the client's own ``routing_key``) is the session that will
+        compose the skill, so the registration lands on that session's worker. A skill
+        already registered is sent again (``create_skill`` only, the same block: the same
+        id) for a key it was not registered with yet.
+
         Raises:
             SkillError: bad arguments, or a rendering that cannot be cut per message.
             LeylineError: the server refused (e.g. ``limit_exceeded``; ``not_found`` from a
@@ -341,15 +397,35 @@ class _Library(SkillSet, Generic[C, R]):
         def checked() -> _Registration:
             return self._registration(name, text, role, context, seam_tokens, recompute, fields)
 
-        return self._run(self._registering(checked, description))
+        client = self.client
+        if client.routed and routing_key is not None:
+            client = client.with_routing_key(routing_key)
+        key = client.routing_key if client.routed else None
+        return self._run(self._registering(checked, description, key), client)
 
     def _registering(
-        self, checked: Callable[[], _Registration], description: str | None
+        self, checked: Callable[[], _Registration], description: str | None, key: str | None
     ) -> Flow[SkillEntry]:
         """One ``register``, checked when the flow starts: it yields the client calls to
-        make (``tokenize``, then ``create_skill``) and is sent their answers."""
+        make (``tokenize``, then ``create_skill``) and is sent their answers. ``key``: the
+        routing key the calls go with (routed mode)."""
         request = checked()
         if (cached := self._cached(request)) is not None:
+            if self.is_placed(cached.skill, key):
+                return cached
+            body = self.creation(cached.skill)
+            assert body is not None  # remembered: _cached found it
+            info = yield methodcaller(
+                "create_skill",
+                body.skill,
+                tokens=body.tokens,
+                model=body.model,
+                name=body.name,
+                description=body.description,
+                anchor=body.anchor,
+            )
+            if not self.registered_again(cached.skill, info, key):
+                raise SkillError(cached.name, f"the server answered another skill: {info}")
             return cached
         rendered = yield methodcaller("tokenize", messages=request.rendering())
         upload = request.upload(rendered)
@@ -362,12 +438,11 @@ class _Library(SkillSet, Generic[C, R]):
             description=description,
             anchor=upload.anchor_body(),
         )
-        return self._remember(request.entry(upload.tokens, info))
+        entry = self._remember(request.entry(upload, info, description))
+        self.placed(entry.skill, key)
+        return entry
 
-    def _call(self, call: methodcaller) -> Any:
-        return call(self.client)
-
-    def _run(self, flow: Flow[SkillEntry]) -> R:
+    def _run(self, flow: Flow[SkillEntry], client: C) -> R:
         raise NotImplementedError
 
 
@@ -378,16 +453,16 @@ class SkillLibrary(_Library[LeylineClient, SkillEntry]):
     :class:`SkillSet`'s.
     """
 
-    def _run(self, flow: Flow[SkillEntry]) -> SkillEntry:
-        return run(flow, self._call)
+    def _run(self, flow: Flow[SkillEntry], client: LeylineClient) -> SkillEntry:
+        return run(flow, lambda call: call(client))
 
 
 class AsyncSkillLibrary(_Library[AsyncLeylineClient, Coroutine[Any, Any, SkillEntry]]):
     """:class:`SkillLibrary` over an ``AsyncLeylineClient`` (``await library.register(...)``),
     for :class:`~.middleware_async.AsyncLeylineOpenAI`."""
 
-    async def _run(self, flow: Flow[SkillEntry]) -> SkillEntry:
-        return await arun(flow, self._call)
+    async def _run(self, flow: Flow[SkillEntry], client: AsyncLeylineClient) -> SkillEntry:
+        return await arun(flow, lambda call: call(client))
 
 
 def _id_bytes(ids: Sequence[int]) -> bytes:
