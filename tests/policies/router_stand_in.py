@@ -17,7 +17,8 @@ It imitates what docs/reports/router-probe.md found the real router do under
 For the failure tests:
 
 * ``kill(worker)``: the worker is gone, and with it what it held; its keys move to the
-  other workers on their next request. The real router answers them
+  other workers on their next request. ``restart(worker, root)``: it is back, as a fresh
+  server (a new ``leyline serve``) holding nothing. The real router answers them
   ``500 call_upstream_request_error`` until its health checks move them (about 1.4 s with
   the flags of docs/router-design.md): ``fail_upstream`` imitates that window.
 * ``fail_upstream = n``: the next n chat turns in envelopes get that 500, unforwarded;
@@ -102,6 +103,14 @@ class RouterStandIn(Loopback):
 
     def kill(self, worker: int) -> None:
         self.alive[worker] = False
+
+    def restart(self, worker: int, root: str) -> None:
+        """Worker ``worker`` is back as a fresh server at ``root``, holding nothing: keys
+        still bound to it go to it again (as the real router's do once its health checks
+        pass), keys that moved while it was down stay where they went."""
+        self.clients[worker].close()
+        self.clients[worker] = httpx.Client(base_url=root, timeout=300)
+        self.alive[worker] = True
 
     def pick(self, key: str | None) -> int:
         alive = [i for i, up in enumerate(self.alive) if up]
