@@ -1,7 +1,9 @@
 """The wrappers behind a router, on two real ``leyline serve`` workers (SmolLM2, CPU, real
 HTTP, in this process): the routing key on every request of a session (direct), and in
 routed mode, through a stand-in of sglang-router 0.3.2 (``router_stand_in``), an episode
-spliced on one worker, a session lost with its worker, and a worker out of reach.
+spliced on one worker, a session lost with its worker, a worker out of reach, and skills
+registered on their sessions' workers and again where a worker lacks one (a worker
+restarted empty included).
 
 The agent's tool calls are scripted; the model's replies, the envelopes, the directives
 and the workers' cache edits are real. The toy-worker twin: ``test_routing.py``.
@@ -16,7 +18,8 @@ from typing import Any
 import openai
 import pytest
 
-from leyline.policies import EstimateCounter, LeylineOpenAI
+from leyline.policies import EstimateCounter, LeylineOpenAI, SkillLibrary
+from leyline.protocol.client import LeylineClient
 
 from .router_stand_in import RouterStandIn, recording_proxy, router_stand_in
 
@@ -185,3 +188,63 @@ def test_a_worker_out_of_reach_is_waited_for_and_no_batch_runs_twice(
     assert len(batches) == len(set(batches)) == 3  # calls 2, 3 (its answer lost) and 4
     revisions = [r.revision for r in wrapper.records]
     assert revisions == sorted(revisions) and all(isinstance(r, int) for r in revisions)
+
+
+RULES = "House rules: run the tests before every commit; keep functions short.\n" * 4
+
+
+def with_skill(library: SkillLibrary, history: list[Any]) -> list[Any]:
+    """``history`` and the skill's message, then a question."""
+    return [*history, library.message("rules"), {"role": "user", "content": "Go on."}]
+
+
+def test_routed_skills_follow_their_sessions_and_survive_a_restart(workers: list[str]) -> None:
+    from leyline.evals.demo.server import EmbeddedServer
+
+    with router_stand_in(workers) as router:
+        library = SkillLibrary(LeylineClient(router.root, routed=True, envelope_model="smollm2"))
+        a = wrapped(router.base_url, routed=True, skills=library, session="skills-a")
+        b = wrapped(router.base_url, routed=True, skills=library, session="skills-b")
+        skill = library.register("rules", RULES, role="user", routing_key=a.session).skill
+        ha, hb = ask(a, opening(), 2), ask(b, opening("Rename total to amount."), 2)
+        assert router.keys == {"skills-a": 0, "skills-b": 1}
+        ha = ask(a, with_skill(library, ha), 3)
+        composed_a = a.records[-1]
+        hb = with_skill(library, hb)
+        sent = len(hb)
+        hb = ask(b, hb, 3)  # b's worker never had the skill
+        refused_b = b.records[-1]
+        hb = ask(b, with_skill(library, hb), 4)
+        composed_b = b.records[-1]
+        # a's worker dies and comes back empty: a's session and its skill are gone.
+        router.kill(0)
+        with EmbeddedServer("smollm2", max_new_tokens=8) as fresh:
+            router.restart(0, fresh.base_url.removesuffix("/v1"))
+            ha = ask(a, ha, 4)
+            lost = a.records[-1]
+            ha = ask(a, with_skill(library, ha), 5)
+            refused_a = a.records[-1]
+            ha = ask(a, with_skill(library, ha), 6)
+            ask(a, ha, 7)
+            assert router.keys[a.session] == 0  # the new session went to the fresh worker
+    assert composed_a.composed == (skill,) and composed_a.path == "splice"
+    assert (refused_b.resync, refused_b.reregistered) == ("unknown_skill", (skill,))
+    resent = turns_of(router, "skills-b")[-2]  # the re-send after the refusal
+    assert len(resent["messages"]) == sent and not resent["leyline"].get("directives")
+    assert RULES in [m["content"] for m in resent["messages"]]  # its text, that call
+    assert (composed_b.composed, composed_b.resync) == ((skill,), None)
+    assert (lost.resync, lost.lost_session, lost.session) == (
+        "session_lost",
+        "skills-a",
+        "skills-a~1",
+    )
+    assert (refused_a.resync, refused_a.reregistered) == ("unknown_skill", (skill,))
+    assert a.records[-2].composed == (skill,)  # composed again on the fresh worker
+    assert [r.path for r in a.records[-2:]] == ["splice", "splice"]
+    registered = [
+        (f.key, f.worker)
+        for f in router.forwarded
+        if (f.route or {}).get("path") == "/leyline/v1/skills"
+    ]
+    assert registered == [("skills-a", 0), ("skills-b", 1), ("skills-a~1", 0)]
+    assert router.refused == []
