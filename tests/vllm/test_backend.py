@@ -183,8 +183,9 @@ def test_without_the_connector_a_splice_is_refused_or_reprefilled() -> None:
     assert engine.requests[-1].salt is None and engine.requests[-1].order is None
 
 
-def test_compose_is_not_offered_and_reserved_salts_are_refused() -> None:
-    service, backend, _ = _stack()
+def test_without_the_connector_compose_is_not_offered_and_reserved_salts_are_refused() -> None:
+    refusal = SpliceUnsupportedError(FallbackReason.unsupported_runtime, "no connector")
+    service, backend, _ = _stack(refusal)
     assert Verb.compose not in backend.capabilities().verbs
     with pytest.raises(LeylineError) as refused:
         _run(service.create_skill(DEFAULT_TENANT, SkillCreate(tokens=[1, 2])))

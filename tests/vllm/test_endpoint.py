@@ -33,7 +33,9 @@ def test_requests_are_routed_once_mounted() -> None:
     backend = VllmBackend(FakeEngine(4), None, limits=Limits(), vocab_size=100, block_size=4)
     endpoint.mounted = mount(backend)
     caps = _post(app, Routes.capabilities, {})
-    assert caps.status_code == 200 and "compose" not in caps.json()["verbs"]
+    assert caps.status_code == 200 and "compose" in caps.json()["verbs"]
+    skill = _post(app, Routes.skills, {"skill": "rules", "tokens": [1, 2, 3]})
+    assert skill.status_code == 201 and skill.json()["num_tokens"] == 3, skill.text
     plain = {"prompt": [1, 2], "max_tokens": 1, "cache_salt": "mine"}
     assert _post(app, "/v1/completions", plain).json() == {"vllm": plain}
     reserved = _post(app, "/v1/completions", plain | {"cache_salt": "leyline-session-x"})

@@ -5,8 +5,9 @@ A session is its protocol state (the handle and the namespace logic are SGLang's
 and private salt, lineages): the KV lives in vLLM's prefix cache, found by (salt, tokens).
 A splice that keeps KV past its first change is built in the session's private namespace
 (``build``): the connector loads the kept rows, keys rotated, and vLLM computes the rest.
-A FORGET re-prefills, its request carrying the purge of every lineage. COMPOSE is not built
-(refused by the core: capabilities leave it out). Imports neither torch nor vLLM.
+A FORGET re-prefills, its request carrying the purge of every lineage. A COMPOSE is a build
+whose block past its seam is loaded from the skill's held blocks (``skills``). Imports
+neither torch nor vLLM.
 """
 
 from __future__ import annotations
@@ -26,10 +27,9 @@ from leyline.core.report import OpReport
 from leyline.core.salted_session import (
     SaltedSession,
     keeps_downstream_kv,
-    new_private_salt,
     private_namespace,
 )
-from leyline.core.sessions import tenant_namespace
+from leyline.core.sessions import DEFAULT_TENANT, tenant_namespace
 from leyline.core.turns import Cancelled, GenerationResult, Outcome, Turn
 from leyline.protocol import (
     PROTOCOL_VERSION,
@@ -40,10 +40,11 @@ from leyline.protocol import (
     Limits,
     Path,
 )
-from leyline.protocol.directives import Mode
+from leyline.protocol.directives import Mode, Verb
 from leyline.protocol.resolve import SkillTokens
 from leyline.protocol.resources import SkillInfo
 from leyline.vllm.build import (
+    Borrowed,
     Build,
     BuildRequest,
     old_rows_needed,
@@ -51,8 +52,9 @@ from leyline.vllm.build import (
     plan_build,
     recipe_within,
 )
-from leyline.vllm.link import Answer, LoadSource, Order, PurgeTarget, runs_of
-from leyline.vllm.runner import PREFILL, Ran, Runner
+from leyline.vllm.link import Answer, LoadSource, Order, PurgeTarget, RowRun, runs_of
+from leyline.vllm.runner import CARRIER, PREFILL, Ran, Runner, carrier_salt
+from leyline.vllm.skills import HeldSkill, SkillStore
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +71,6 @@ def reserved_salt_error() -> LeylineError:
         "the server's private namespaces",
         "cache_salt",
     )
-
-
-CARRIER = (0,)
-"""The prompt of a request that only carries an order (a purge with nothing to prefill)."""
 
 
 @dataclass
@@ -162,12 +160,13 @@ class VllmBackend(HostBackend[VllmSession]):
         """Whether a worker has loaded rows here: until then a build's last request is
         not left to a turn, so a worker that cannot write rows is found out (and the
         splice refused or re-prefilled) before a generation runs on it."""
+        self.skills = SkillStore(runner, model_name or "vllm", self.namespace_of)
 
     def capabilities(self) -> Capabilities:
-        # COMPOSE is not built here: a compose directive and the skills routes are refused
-        # (unsupported_verb) because it is not listed. Without the connector no edit can
-        # keep KV, so only what re-prefills is offered.
-        verbs = [*EXECUTED_VERBS, *MARKING_VERBS]
+        # Without the connector nothing can hold a skill's blocks nor load them: COMPOSE
+        # and the skills routes are then refused (unsupported_verb) by not being listed.
+        composes = self.refusal is None
+        verbs = [*EXECUTED_VERBS, *([Verb.compose] if composes else []), *MARKING_VERBS]
         return Capabilities(
             protocol_version=PROTOCOL_VERSION,
             verbs=verbs,
@@ -177,24 +176,28 @@ class VllmBackend(HostBackend[VllmSession]):
             tenants=self._tenant_secret is not None,
             cache_salt=True,
             require_session=True,
+            # The block's rows are vLLM's prefill after its anchor, rotated like any kept
+            # row; selective recompute is not built (``none`` only).
+            skill_anchors=composes,
         )
 
-    # -- skills: not built (COMPOSE is not in the capabilities, so the core never asks) ---
+    # -- skills: vLLM's own prefill of each, its blocks held while registered (skills) ---
 
     def skill_tokens(self, tenant: str) -> SkillTokens | None:
-        return None
+        return self.skills.tokens_of(tenant)
 
     async def register_skill(self, skill: SkillRegistration) -> SkillInfo:
-        raise _no_skills()
+        held = await self.skills.register(skill)
+        return held.info(include_tokens=False)
 
     def skill_info(self, tenant: str, skill_id: str, include_tokens: bool) -> SkillInfo:
-        raise _no_skills()
+        return self.skills.get(tenant, skill_id).info(include_tokens)
 
     def list_skills(self, tenant: str) -> list[SkillInfo]:
-        raise _no_skills()
+        return [s.info(include_tokens=False) for s in self.skills.of_tenant(tenant)]
 
     async def delete_skill(self, tenant: str, skill_id: str) -> None:
-        raise _no_skills()
+        await self.skills.delete(tenant, skill_id)
 
     # -- handles ------------------------------------------------------------------------
 
@@ -232,7 +235,7 @@ class VllmBackend(HostBackend[VllmSession]):
 
     async def _carry(self, order: Order) -> None:
         try:
-            await self.runner.run(CARRIER, PREFILL, _carrier_salt(), order)
+            await self.runner.run(CARRIER, PREFILL, carrier_salt(), order)
         except Exception:  # the session is gone either way; vLLM's LRU takes the blocks
             logger.exception("purging a closed session's private namespace failed")
 
@@ -279,6 +282,30 @@ class VllmBackend(HostBackend[VllmSession]):
             reused = min(ran.cached_tokens, result.first_change) if plan.tokens else 0
             report = edit_report(plan, Path.reprefill, reused, 0, fallback)
             computed, recipe = len(plan.tokens), kept_recipe
+        elif plan.composes and self.refusal is None:
+            # The composed blocks' rows past their seams are loaded from the skills' held
+            # blocks; a skill is read only by its tenant (``using`` keys by tenant), and
+            # is neither deleted nor evicted while the build runs.
+            tenant = plan.tenant or DEFAULT_TENANT
+            with self.skills.using(tenant, [c.skill for c in plan.composes]) as skills:
+                defer = then is not None and then[: len(plan.tokens)] == plan.tokens
+                report, recipe, built, deferred = await self._private_build(
+                    handle,
+                    plan,
+                    allow_fallback,
+                    defer=defer and self._rows_written,
+                    borrowed=_borrowed(plan, skills),
+                )
+            computed = len(plan.tokens)
+        elif plan.composes or (keeps_downstream_kv(plan) and self.refusal is not None):
+            # Nothing can load rows here (no connector): re-prefilled exactly, or refused.
+            assert self.refusal is not None
+            if not allow_fallback:
+                raise self.refusal
+            ran = await self.runner.run(plan.tokens, PREFILL, handle.salt, kept_recipe)
+            reused = min(ran.cached_tokens, result.first_change)
+            report = edit_report(plan, Path.reprefill, reused, 0, self.refusal.reason)
+            computed, recipe = len(plan.tokens), kept_recipe
         elif result.first_change == len(base.tokens):
             # Errata only: nothing cached moves; the next request appends the note.
             report = edit_report(plan, Path.prefix_hit, len(base.tokens), 0)
@@ -288,13 +315,6 @@ class VllmBackend(HostBackend[VllmSession]):
             # context from there, exact, so it stays in the shared namespace.
             ran = await self.runner.run(plan.tokens, PREFILL, handle.salt, kept_recipe)
             report = edit_report(plan, Path.splice, min(ran.cached_tokens, result.first_change), 0)
-            computed, recipe = len(plan.tokens), kept_recipe
-        elif self.refusal is not None:
-            if not allow_fallback:
-                raise self.refusal
-            ran = await self.runner.run(plan.tokens, PREFILL, handle.salt, kept_recipe)
-            reused = min(ran.cached_tokens, result.first_change)
-            report = edit_report(plan, Path.reprefill, reused, 0, self.refusal.reason)
             computed, recipe = len(plan.tokens), kept_recipe
         else:
             defer = then is not None and then[: len(plan.tokens)] == plan.tokens
@@ -367,13 +387,22 @@ class VllmBackend(HostBackend[VllmSession]):
         return Outcome(edit, prefill, edited.tokens, spans, generation)
 
     async def _private_build(
-        self, handle: VllmSession, plan: EditPlan, allow_fallback: bool, *, defer: bool
+        self,
+        handle: VllmSession,
+        plan: EditPlan,
+        allow_fallback: bool,
+        *,
+        defer: bool,
+        borrowed: Sequence[Borrowed] = (),
     ) -> tuple[OpReport, Order | None, list[tuple[tuple[int, ...], int]], _Deferred | None]:
         """The new sequence built in the session's own namespace (``build``): every kept
-        row loaded, keys rotated; the inserted runs and the last token computed in context.
+        row loaded, keys rotated, and so are the ``borrowed`` rows of composed blocks; the
+        inserted runs (seams) and the last token computed in context.
         Returns the report, the new recipe, the sequences the build cached there, and, with
         ``defer``, the build's last request left to the turn (its order is then the recipe,
-        and the report counts its rows as loaded until the turn's answer says otherwise)."""
+        and the report counts its rows as loaded until the turn's answer says otherwise).
+        A last request that reads a skill is never left to the turn: the recipe would then
+        name the skill's blocks, and a session must not change when its skill is deleted."""
         n, block = len(plan.tokens), self.block_size
         base = plan.base.tokens
         old_salt, old_tokens, old_computed = handle.salt, base, handle.computed
@@ -389,10 +418,16 @@ class VllmBackend(HostBackend[VllmSession]):
                 missing = FallbackReason.missing_source
         salt = private_namespace(handle)
         build = plan_build(
-            (old_salt, old_tokens), old_computed, plan.tokens, plan.result.position_map, salt, block
+            (old_salt, old_tokens),
+            old_computed,
+            plan.tokens,
+            plan.result.position_map,
+            salt,
+            block,
+            borrowed,
         )
         requests, last = build.requests, None
-        if defer and requests:
+        if defer and requests and not any(s.hold for s in requests[-1].order.load):
             requests, last = requests[:-1], requests[-1]
         answers = []
         for request in requests:
@@ -461,13 +496,14 @@ class VllmBackend(HostBackend[VllmSession]):
                         targets.append(target)
         order = Order(load=recipe.load if recipe else (), purge=tuple(targets))
         if not plan.tokens:
-            return await self.runner.run(CARRIER, PREFILL, _carrier_salt(), order)
+            return await self.runner.run(CARRIER, PREFILL, carrier_salt(), order)
         return await self.runner.run(plan.tokens, PREFILL, handle.salt, order)
 
 
 def _splice_kept_before_forget(plan: EditPlan) -> FallbackReason | None:
     """``unsupported_runtime`` when the batch keeps downstream rows between its first change
-    and its earliest forget (a splice before the forget), which the re-prefill recomputes."""
+    and its earliest forget (a splice before the forget), or composes a block before it
+    whose rows past the seam are the skill's: the re-prefill recomputes both."""
     forget_from, first_change = plan.forget_from, plan.result.first_change
     kept = runs_of(plan.result.position_map)
     if forget_from is not None and any(
@@ -475,22 +511,38 @@ def _splice_kept_before_forget(plan: EditPlan) -> FallbackReason | None:
         for run in kept
     ):
         return FallbackReason.unsupported_runtime
+    # A block inserted at or before the forget's start (base positions) comes before it.
+    composed_before = [
+        c
+        for c in plan.composes
+        if forget_from is not None and c.seam_tokens < c.num_tokens and c.at <= forget_from
+    ]
+    if composed_before:
+        return FallbackReason.unsupported_runtime
     return None
+
+
+def _borrowed(plan: EditPlan, skills: Sequence[HeldSkill]) -> list[Borrowed]:
+    """Each composed block's rows past its seam, read from its skill's hold: source rows
+    after the anchor, keys rotated by the block's position less the anchor's length.
+    Raises ``invalid_directive`` (nothing ran) when a block is no longer its skill's
+    tokens (replaced since the batch was planned)."""
+    out = []
+    for compose, where, skill in zip(plan.composes, plan.composed(), skills, strict=True):
+        if plan.tokens[where.start : where.end] != skill.tokens:
+            raise LeylineError(
+                ErrorCode.invalid_directive,
+                f"the block at [{where.start}, {where.end}) is not skill {skill.id!r}'s "
+                "tokens (replaced meanwhile?): retry the batch",
+                "directives",
+            )
+        n, seam = len(skill.tokens), min(compose.seam_tokens, len(skill.tokens))
+        if seam < n:
+            run = RowRun(len(skill.anchor) + seam, where.start + seam, n - seam)
+            out.append(Borrowed(skill.key, run))
+    return out
 
 
 def _load(source: tuple[str | None, tuple[int, ...]], runs: Sequence[Any]) -> Order:
     salt, tokens = source
     return Order(load=(LoadSource(salt, tokens, tuple(runs)),))
-
-
-def _carrier_salt() -> str:
-    """A namespace of its own for a carrier request: it shares no block with anyone."""
-    return new_private_salt()
-
-
-def _no_skills() -> LeylineError:
-    return LeylineError(
-        ErrorCode.unsupported_verb,
-        "this vLLM server does not execute compose, so it keeps no skills",
-        "skill",
-    )

@@ -18,6 +18,10 @@ new last token are computed.
    new context (protocol 3.1). Its cached copy of the last partial block is the session's
    recipe: every later request on the sequence loads those rows from it.
 
+A COMPOSE is built the same way: its block is an inserted run whose seam is computed (step
+2) and whose rest is **borrowed**: loaded like kept rows, from a held skill's blocks
+(``LoadSource.hold``), keys rotated by the block's position less the skill's anchor.
+
 When a turn follows whose prompt extends the new sequence, the backend leaves the last of
 these requests to the turn: carrying the same order, the turn loads the same rows, computes
 the same ones in the same context and goes on, so that request and its filler are saved.
@@ -86,6 +90,15 @@ def old_rows_needed(position_map: PositionMap, new_length: int, computed: int, b
 
 
 @dataclass(frozen=True, slots=True)
+class Borrowed:
+    """Rows of the new sequence read from a held skill (``hold``, its key): a composed
+    block past its seam."""
+
+    hold: str
+    run: RowRun
+
+
+@dataclass(frozen=True, slots=True)
 class BuildRequest:
     """One request of a build: its prompt and the rows it loads."""
 
@@ -104,18 +117,29 @@ class Build:
     kept: tuple[RowRun, ...]
     """The old rows the new sequence keeps (every one loaded, keys rotated where it moves)."""
     inserted: int
-    """Tokens the inserted runs add (computed in context)."""
+    """Tokens the inserted runs add (computed in context, or borrowed)."""
+    borrowed: tuple[Borrowed, ...] = ()
+    """Rows loaded from held skills (composed blocks past their seams)."""
+
+    @property
+    def loaded(self) -> tuple[RowRun, ...]:
+        """Every row the build loads rather than computes: kept and borrowed."""
+        return self.kept + tuple(b.run for b in self.borrowed)
 
     @property
     def rotated(self) -> int:
-        """Kept rows that move (keys rotated)."""
-        return sum(run.length for run in self.kept if run.shift != 0)
+        """Loaded rows that move (keys rotated)."""
+        return sum(run.length for run in self.loaded if run.shift != 0)
+
+    @property
+    def holds(self) -> frozenset[str]:
+        return frozenset(b.hold for b in self.borrowed)
 
     def kept_rows(self, start: int = 0, end: int = sys.maxsize) -> int:
-        """Kept rows at destination positions in ``[start, end)``."""
+        """Loaded rows (kept or borrowed) at destination positions in ``[start, end)``."""
         return sum(
             run.length
-            for run in clipped(self.kept, source_end=sys.maxsize, dest_from=start, dest_end=end)
+            for run in clipped(self.loaded, source_end=sys.maxsize, dest_from=start, dest_end=end)
         )
 
 
@@ -126,14 +150,21 @@ def plan_build(
     position_map: PositionMap,
     salt: str,
     block_size: int,
+    borrowed: Sequence[Borrowed] = (),
 ) -> Build:
     """The requests that build ``new`` under ``salt`` keeping the rows ``position_map``
     keeps, read from ``old`` (a salt and a cached sequence: its first ``old_computed``
-    tokens' rows are the old ones)."""
+    tokens' rows are the old ones), and the ``borrowed`` rows from held skills (inside
+    inserted runs; never the new last token, computed in context as protocol 3.4 asks)."""
     new, n = tuple(new), len(new)
     old_salt, old_tokens = old[0], tuple(old[1])
     kept = clipped(runs_of(position_map), source_end=old_computed, dest_from=0, dest_end=n - 1)
-    inserted = _gaps(runs_of(position_map), n)
+    lent = tuple(
+        Borrowed(b.hold, run)
+        for b in borrowed
+        for run in clipped((b.run,), source_end=sys.maxsize, dest_from=0, dest_end=n - 1)
+    )
+    inserted = _gaps(runs_of(position_map) + tuple(b.run for b in borrowed), n)
     requests: list[BuildRequest] = []
     done: tuple[int, ...] = ()  # the previous request's tokens (its rows: as they are)
     done_end = 0
@@ -145,6 +176,15 @@ def plan_build(
         rows = clipped(kept, source_end=sys.maxsize, dest_from=done_end, dest_end=end)
         if rows:
             sources.append(LoadSource(old_salt, old_tokens, rows))
+        for hold in dict.fromkeys(b.hold for b in lent):
+            runs = clipped(
+                [b.run for b in lent if b.hold == hold],
+                source_end=sys.maxsize,
+                dest_from=done_end,
+                dest_end=end,
+            )
+            if runs:
+                sources.append(LoadSource(None, (), runs, hold))
         return Order(load=tuple(sources))
 
     for start, end in inserted:
@@ -154,8 +194,10 @@ def plan_build(
     whole = padded(new, block_size)
     if done_end < n:  # else the last run's request computed the sequence to its end
         requests.append(BuildRequest(whole, order_to(n - 1), n))
-    inserted_tokens = sum(end - start for start, end in inserted)
-    return Build(tuple(requests), recipe_of(salt, whole, n), kept, inserted_tokens)
+    inserted_tokens = sum(end - start for start, end in inserted) + sum(
+        b.run.length for b in borrowed
+    )
+    return Build(tuple(requests), recipe_of(salt, whole, n), kept, inserted_tokens, lent)
 
 
 def _gaps(kept: Sequence[RowRun], length: int) -> list[tuple[int, int]]:

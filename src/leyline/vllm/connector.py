@@ -127,7 +127,7 @@ class LeylineConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore]
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        answer = self.scheduler_side.request_finished(request)
+        answer = self.scheduler_side.request_finished(request, block_ids)
         return False, None if answer is None else {ANSWER_KEY: answer.to_payload()}
 
     # -- worker -----------------------------------------------------------------------

@@ -110,7 +110,11 @@ async def backend_for(engine_client: Any, args: Any, *, tenants: bool = False) -
     return VllmBackend(
         EngineRunner(engine_client),
         tokenizer,
-        limits=Limits(max_session_tokens=session_cap(int(model.max_model_len), block)),
+        limits=Limits(
+            max_session_tokens=session_cap(int(model.max_model_len), block),
+            # A skill is one request of anchor + block that generates one token.
+            max_skill_tokens=int(model.max_model_len) - 1,
+        ),
         vocab_size=int(model.get_vocab_size()),
         block_size=block,
         model_name=str(names[0]),

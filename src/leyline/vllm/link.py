@@ -84,28 +84,37 @@ def runs_of(position_map: PositionMap) -> tuple[RowRun, ...]:
 
 @dataclass(frozen=True, slots=True)
 class LoadSource:
-    """A cached sequence (``tokens`` under ``salt``) and the rows read from it."""
+    """A cached sequence (``tokens`` under ``salt``), or a held skill's blocks (``hold``, a
+    key of :class:`HoldOrder`; then ``salt`` and ``tokens`` are unused), and the rows read
+    from it (source positions count from the start of what is cached or held)."""
 
     salt: str | None
     tokens: tuple[int, ...]
     runs: tuple[RowRun, ...]
+    hold: str | None = None
 
     def to_payload(self) -> dict[str, Any]:
         return {
             "salt": self.salt,
             "tokens": list(self.tokens),
             "runs": [run.to_payload() for run in self.runs],
+            "hold": self.hold,
         }
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> LoadSource:
+        hold = payload.get("hold")
+        if hold is not None and not isinstance(hold, str):
+            raise ValueError(f"'hold' must be a string or null, got {hold!r}")
         source = cls(
             _salt(payload),
             _tokens(payload),
             tuple(RowRun.from_payload(r) for r in _items(payload, "runs")),
+            hold,
         )
         for run in source.runs:
-            if run.source_start + run.length > len(source.tokens):
+            # A hold's length is known to the scheduler only: rows past it are missing.
+            if hold is None and run.source_start + run.length > len(source.tokens):
                 raise ValueError(f"{run} reads past the source's {len(source.tokens)} tokens")
         return source
 
@@ -127,26 +136,75 @@ class PurgeTarget:
         return cls(_salt(payload), _tokens(payload), _int(payload, "from"))
 
 
+def _keys(payload: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = payload.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{key!r} must be a list of strings")
+    return tuple(value)
+
+
+@dataclass(frozen=True, slots=True)
+class HoldOrder:
+    """Keep the blocks holding the first :attr:`rows` tokens of the request that carries
+    this order (a skill's prefill) out of eviction under :attr:`key`, until released.
+
+    The scheduler holds at most a quarter of its blocks: past that it releases the
+    :attr:`evictable` holds (idle skills, least recently used first) until the new one
+    fits, or refuses it, releasing nothing. :attr:`replaces` (a replaced skill's key) is
+    released once the new hold is taken, and does not count against the room."""
+
+    key: str
+    rows: int
+    evictable: tuple[str, ...] = ()
+    replaces: str | None = None
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "rows": self.rows,
+            "evictable": list(self.evictable),
+            "replaces": self.replaces,
+        }
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> HoldOrder:
+        key, replaces = payload.get("key"), payload.get("replaces")
+        if not isinstance(key, str) or (replaces is not None and not isinstance(replaces, str)):
+            raise ValueError("a hold needs a string 'key' ('replaces': a string or null)")
+        return cls(key, _int(payload, "rows", low=1), _keys(payload, "evictable"), replaces)
+
+
 @dataclass(frozen=True, slots=True)
 class Order:
-    """One request's order: rows to load before its forward, blocks to purge first."""
+    """One request's order: holds to release and blocks to purge first, rows to load before
+    its forward, and a hold of its own blocks once it has run."""
 
     load: tuple[LoadSource, ...] = ()
     purge: tuple[PurgeTarget, ...] = ()
+    hold: HoldOrder | None = None
+    release: tuple[str, ...] = ()
+    """Hold keys to release (a deleted skill's)."""
 
     def to_payload(self) -> dict[str, Any]:
         return {
             "load": [source.to_payload() for source in self.load],
             "purge": [target.to_payload() for target in self.purge],
+            "hold": None if self.hold is None else self.hold.to_payload(),
+            "release": list(self.release),
         }
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> Order:
         """The order in ``payload``; ``ValueError`` when it is malformed or two runs write
         the same destination position."""
+        hold = payload.get("hold")
+        if hold is not None and not isinstance(hold, Mapping):
+            raise ValueError("'hold' must be an object or null")
         order = cls(
             tuple(LoadSource.from_payload(s) for s in _items(payload, "load")),
             tuple(PurgeTarget.from_payload(t) for t in _items(payload, "purge")),
+            None if hold is None else HoldOrder.from_payload(hold),
+            _keys(payload, "release"),
         )
         spans = sorted(
             (run.dest_start, run.dest_start + run.length) for s in order.load for run in s.runs
@@ -185,6 +243,13 @@ class Answer:
     """A protocol fallback reason: the order did not run (or not all of it)."""
     purged_blocks: int = 0
     message: str = ""
+    held: int = 0
+    """Rows the order's hold keeps (0: none taken)."""
+    hold_error: str | None = None
+    """Why the hold was not taken, an error code (``limit_exceeded``: no room even with
+    every evictable hold released; ``splice_refused``: the connector takes no orders)."""
+    released: tuple[str, ...] = ()
+    """Hold keys released to make room for the order's hold (idle skills evicted)."""
 
     def to_payload(self) -> dict[str, Any]:
         return {
@@ -194,6 +259,9 @@ class Answer:
             "fallback_reason": self.fallback_reason,
             "purged_blocks": self.purged_blocks,
             "message": self.message,
+            "held": self.held,
+            "hold_error": self.hold_error,
+            "released": list(self.released),
         }
 
     @classmethod
@@ -210,6 +278,9 @@ class Answer:
             fallback_reason=payload.get("fallback_reason"),
             purged_blocks=_int(payload, "purged_blocks"),
             message=str(payload.get("message", "")),
+            held=int(payload.get("held") or 0),
+            hold_error=payload.get("hold_error"),
+            released=_keys(payload, "released"),
         )
 
 

@@ -12,11 +12,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from leyline.core.salted_session import new_private_salt
 from leyline.core.turns import FinishReason, OnToken, SamplingParams, TokenChoice
 from leyline.vllm.link import Answer, Order
 
 PREFILL = SamplingParams(max_new_tokens=1, temperature=0.0)
 """A request that only makes vLLM compute (and cache) its prompt."""
+
+CARRIER = (0,)
+"""The prompt of a request that only carries an order (a purge or a release)."""
+
+
+def carrier_salt() -> str:
+    """A namespace of its own for a carrier request: it shares no block with anyone."""
+    return new_private_salt()
 
 
 @dataclass(frozen=True, slots=True)

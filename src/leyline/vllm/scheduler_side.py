@@ -6,6 +6,10 @@ before any lookup); ``get_num_new_matched_tokens`` at admission, after its own p
 maybe more than once; ``update_state_after_alloc`` with the request's blocks;
 ``build_connector_meta`` once per step; ``request_finished`` once, before the blocks are freed.
 
+Skills' blocks are held (``holds``): a request's hold order is taken in its
+``request_finished`` on the blocks it computed; a release runs in ``on_new_request``; a
+load may read a hold's rows by its key.
+
 A row can be loaded when its source block is cached. The source blocks are pinned (their
 reference count raised, as a prefix hit does) from the first lookup until the worker reports
 the step that loaded them, because the request's own allocation could otherwise hand an
@@ -25,7 +29,8 @@ from vllm.v1.request import Request
 
 from leyline.core.errors import SpliceUnsupportedError
 from leyline.protocol.fallback import FallbackReason
-from leyline.vllm.link import Answer, Order, RowMoves, order_from_actions
+from leyline.vllm.holds import HoldResult, Holds
+from leyline.vllm.link import Answer, LoadSource, Order, RowMoves, order_from_actions
 from leyline.vllm.sources import BlockSources
 
 Row = tuple[int, int, int]
@@ -48,14 +53,24 @@ class _Pending:
     purged_blocks: int = 0
     fallback: SpliceUnsupportedError | None = None
     error: str = ""
+    hold: HoldResult | None = None
 
     def answer(self) -> Answer:
         reason = self.fallback.reason.value if self.fallback is not None else None
         if reason is None and self.missing_from is not None:
             reason = FallbackReason.missing_source.value
         message = self.fallback.message if self.fallback is not None else self.error
+        hold = self.hold or HoldResult()
         return Answer(
-            self.reused, self.rotated, self.missing_from, reason, self.purged_blocks, message
+            self.reused,
+            self.rotated,
+            self.missing_from,
+            reason,
+            self.purged_blocks,
+            message or hold.message,
+            hold.held,
+            hold.error,
+            hold.released,
         )
 
 
@@ -66,6 +81,7 @@ class SchedulerSide:
         self._kv_cache_config = kv_cache_config
         self._hash_algo = hash_algo
         self._sources: BlockSources | None = None
+        self._holds: Holds | None = None
         self._refusal: SpliceUnsupportedError | None = SpliceUnsupportedError(
             FallbackReason.unsupported_runtime, "the connector has no block pool yet"
         )
@@ -84,6 +100,7 @@ class SchedulerSide:
     def bind(self, pool: BlockPool) -> None:
         try:
             self._sources = BlockSources.for_cache(self._kv_cache_config, self._hash_algo, pool)
+            self._holds = Holds(pool, self._sources.block_size)
             self._refusal = None
         except SpliceUnsupportedError as refused:
             self._refusal = refused
@@ -103,6 +120,9 @@ class SchedulerSide:
             return
         pending = _Pending(order)
         self._pending[request.request_id] = pending
+        for key in order.release:  # a deleted skill: never refused, so nothing stays held
+            if self._holds is not None:
+                self._holds.release(key)
         if self._refusal is not None or self._sources is None:
             pending.fallback = self._refusal
             return
@@ -140,12 +160,12 @@ class SchedulerSide:
         rows: dict[int, Row | None] = {}
         used: dict[int, KVCacheBlock] = {}
         for source in pending.order.load:
-            cached = self._sources.cached_prefix(source.salt, source.tokens)
+            cached, available = self._source_blocks(source)
             for run in source.runs:
                 for k in range(run.length):
                     at = run.source_start + k
                     index = at // block_size
-                    if index >= len(cached):
+                    if at >= available or index >= len(cached):
                         rows[run.dest_start + k] = None
                         continue
                     used[cached[index]] = pool.blocks[cached[index]]
@@ -153,6 +173,19 @@ class SchedulerSide:
         pending.rows = rows
         pending.pinned = list(used.values())
         pool.touch(pending.pinned)
+
+    def _source_blocks(self, source: LoadSource) -> tuple[list[int], int]:
+        """The block ids holding the source's rows, in order, and how many rows they hold: a
+        cached sequence's full blocks (by hash), or a hold's blocks (by id; none once it is
+        released, so its rows are then missing)."""
+        assert self._sources is not None
+        if source.hold is None:
+            cached = self._sources.cached_prefix(source.salt, source.tokens)
+            return cached, len(cached) * self._sources.block_size
+        held = self._holds.get(source.hold) if self._holds is not None else None
+        if held is None:
+            return [], 0
+        return [block.block_id for block in held.blocks], held.rows
 
     def update_state_after_alloc(
         self, request: Request, block_ids: list[int], num_external_tokens: int
@@ -199,12 +232,24 @@ class SchedulerSide:
         if refused is not None:
             self.refuse(refused)
 
-    def request_finished(self, request: Request) -> Answer | None:
-        """Unpin what the request still holds; its answer, when it carried an order."""
+    def request_finished(self, request: Request, block_ids: list[int]) -> Answer | None:
+        """Unpin what the request still holds, take its hold on ``block_ids`` (its blocks
+        covering the tokens it computed, still referenced by it); its answer, when it
+        carried an order."""
         pending = self._pending.pop(request.request_id, None)
         if pending is None:
             return None
         self._unpin(pending)
+        hold = pending.order.hold
+        if hold is not None:
+            if self._holds is None or pending.fallback is not None or pending.error:
+                why = pending.fallback.message if pending.fallback else pending.error
+                pending.hold = HoldResult(error="splice_refused", message=why or "no pool")
+            elif request.num_computed_tokens < hold.rows:
+                message = f"the prefill computed {request.num_computed_tokens} of {hold.rows}"
+                pending.hold = HoldResult(error="splice_refused", message=message)
+            else:
+                pending.hold = self._holds.take(hold, block_ids)
         return pending.answer()
 
     def _unpin(self, pending: _Pending) -> None:
