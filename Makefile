@@ -95,3 +95,8 @@ vllm-live-check: setup
 .PHONY: router-live-check
 router-live-check: setup
 	bash scripts/router/live_check.sh
+
+# The same with two SGLang servers (the plugin, .venv-sglang) as the workers.
+.PHONY: router-live-check-sglang
+router-live-check-sglang: setup
+	bash scripts/router/live_check.sh --workers sglang --out results/router-live-check-sglang

@@ -19,11 +19,13 @@ claim_run_dir() {
 }
 
 # launch_server RUN_DIR COMMAND...: run COMMAND in the background as the leader of a new
-# process group (its children join it, so `stop_server` ends them all) and record its pid.
+# process group (its children join it, so `stop_server` ends them all) and record its pid;
+# with foreground=1 (`run`), become COMMAND instead: the caller owns the process.
 # Environment for the server goes in front of COMMAND as `env NAME=VALUE ...`.
 launch_server() {
   local run=$1
   shift
+  [[ ${foreground:-0} != 1 ]] || exec "$@"
   setsid "$@" </dev/null >"$run/server.log" 2>&1 &
   echo $! >"$run/server.pid"
 }
@@ -67,10 +69,15 @@ wait_until_ready() {
   say "ready after $((SECONDS - t0)) s: $url"
 }
 
-# live_server_main ARGS...: the scripts' command line (`start` or `stop`, see their headers).
+# live_server_main ARGS...: the scripts' command line (`start`, `run` or `stop`, see their
+# headers).
 live_server_main() {
-  local usage="$0 start RUN_DIR MODEL_DIR PORT [FLAG...]"
+  local usage="$0 start|run RUN_DIR MODEL_DIR PORT [FLAG...]"
   case ${1:-} in
+    run)
+      (($# >= 4)) || { echo "usage: $usage" >&2; exit 2; }
+      mkdir -p "$2"
+      foreground=1 launch "${@:2}" ;;
     start)
       (($# >= 4)) || { echo "usage: $usage" >&2; exit 2; }
       local run=$2 model=$3 port=$4

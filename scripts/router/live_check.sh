@@ -6,6 +6,7 @@
 #
 #   bash scripts/router/live_check.sh        # after `make setup` (the main .venv)
 #   bash scripts/router/live_check.sh --turns 4   # arguments go to the driver (--help)
+#   bash scripts/router/live_check.sh --workers sglang   # SGLang workers (make router-live-check-sglang)
 #
 # Builds or reuses .venv-router (setup_env.sh), then runs the driver from the main .venv,
 # `python -m leyline.evals.router_check`, which starts the two workers and the router, owns
@@ -28,6 +29,14 @@ out=${LEYLINE_ROUTER_OUT:-results/router-live-check}
 
 say "1/2 .venv-router (built once, reused while sglang-router is the pinned version)"
 bash scripts/router/setup_env.sh | sed 's/^/    /'
+previous=
+for arg in "$@"; do
+  if [[ $previous == --workers && $arg == sglang || $arg == --workers=sglang ]]; then
+    say "    SGLang workers: .venv-sglang (built once, reused while the pins match)"
+    bash scripts/sglang/setup_env.sh | sed 's/^/    /'
+  fi
+  previous=$arg
+done
 
 say "2/2 the driver: python -m leyline.evals.router_check --out $out $*"
 status=0

@@ -4,12 +4,15 @@
 #
 #   bash scripts/sglang/live_server.sh start RUN_DIR MODEL_DIR PORT [LAUNCH_FLAG...]
 #   bash scripts/sglang/live_server.sh stop RUN_DIR
+#   bash scripts/sglang/live_server.sh run RUN_DIR MODEL_DIR PORT [LAUNCH_FLAG...]   # in the foreground
 #
 # `start` launches `python -m sglang.launch_server` on 127.0.0.1:PORT in its own process
 # group, writes RUN_DIR/server.pid and RUN_DIR/server.log, and returns once the server
 # answers a generate (at most LEYLINE_SGLANG_START_TIMEOUT s, default 300); on timeout or
 # early exit it prints the log's tail, stops the server and fails. `stop` ends that process
-# group (TERM, then KILL after 20 s); both by scripts/live_server_lib.sh. No GPU, no
+# group (TERM, then KILL after 20 s); both by scripts/live_server_lib.sh.
+# `run` becomes the server in the foreground, output on stdout, no pid file: for a caller
+# that owns the process (the router check kills and restarts workers). No GPU, no
 # sgl_kernel: every fused op runs its forward_native. The venv is scripts/sglang/
 # setup_env.sh's (.venv-sglang).
 #

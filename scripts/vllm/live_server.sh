@@ -4,6 +4,7 @@
 #
 #   bash scripts/vllm/live_server.sh start RUN_DIR MODEL_DIR PORT [FLAG...]
 #   bash scripts/vllm/live_server.sh stop RUN_DIR
+#   bash scripts/vllm/live_server.sh run RUN_DIR MODEL_DIR PORT [FLAG...]   # in the foreground
 #
 # `start` launches vLLM's OpenAI API server on 127.0.0.1:PORT in its own process group
 # (API server, engine core and worker), writes RUN_DIR/server.pid and RUN_DIR/server.log,
@@ -11,6 +12,8 @@
 # start takes well over a minute here, docs/reports/vllm-probe.md); on timeout or early exit
 # it prints the log's tail, stops the server and fails. `stop` ends that process group
 # (TERM, then KILL after 20 s); both by scripts/live_server_lib.sh.
+# `run` becomes the server in the foreground, output on stdout, no pid file: for a caller
+# that owns the process.
 #
 # fp32 (vLLM's default bf16 changes greedy text between a cache hit and a full prefill),
 # eager mode, 4,096 tokens of context (the SDK's agent trajectories need more than 2,048),

@@ -132,3 +132,19 @@ def test_a_name_that_is_not_a_plain_header_value_is_refused(
     flags = ["--model", "tiny-mla-v3", "--release-freed-memory"]
     assert main(["serve", *flags, "--worker-name", name]) == 2
     assert "worker_name must be" in capsys.readouterr().err
+
+
+def test_a_plugin_reads_its_worker_name_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from leyline.serve.worker import WORKER_NAME_ENV, worker_name_from_env
+
+    monkeypatch.delenv(WORKER_NAME_ENV, raising=False)
+    assert worker_name_from_env() is None
+    monkeypatch.setenv(WORKER_NAME_ENV, "")
+    assert worker_name_from_env() is None
+    monkeypatch.setenv(WORKER_NAME_ENV, "sglang-B")
+    assert worker_name_from_env() == "sglang-B"
+    monkeypatch.setenv(WORKER_NAME_ENV, "two words")
+    with pytest.raises(ValueError, match=WORKER_NAME_ENV):
+        worker_name_from_env()

@@ -1,12 +1,14 @@
-"""``make router-live-check``: the real sglang-router 0.3.2 in front of two real ``leyline
-serve`` workers on this CPU, agent episodes through the SDK in routed mode, one worker
-killed in mid-run and restarted (issue 48; docs/router-design.md section 5).
+"""``make router-live-check``: the real sglang-router 0.3.2 in front of two real workers on
+this CPU (``leyline serve``, or with ``--workers sglang`` SGLang servers with the plugin),
+agent episodes through the SDK in routed mode, one worker killed in mid-run and restarted
+(issue 48; docs/router-design.md section 5).
 
 The driver owns every process it starts (their PIDs; the router's process title is
 ``sglang::router``, so it is never looked up by name) and stops them on every exit:
 
 1. two workers, ``OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE leyline serve --port P
-   --worker-name A|B`` (two processes share the cores), then the router (``--policy manual
+   --worker-name A|B`` (two processes share the cores; for SGLang ``scripts/sglang/
+   live_server.sh run`` with ``LEYLINE_WORKER_NAME=A|B``), then the router (``--policy manual
    --assignment-mode min_group --disable-circuit-breaker`` and short health checks), until
    its ``GET /workers`` lists both healthy;
 2. the router's added latency: enveloped ``GET /leyline/v1/capabilities``, one at a time,
@@ -50,7 +52,15 @@ from leyline.evals.router_figures import (
     render,
     summarize,
 )
-from leyline.evals.router_fleet import ROUTER_FLAGS, Clock, Fleet, Say, fleet
+from leyline.evals.router_fleet import (
+    ROUTER_FLAGS,
+    SGLANG_SCRIPT,
+    WORKER_KINDS,
+    Clock,
+    Fleet,
+    Say,
+    fleet,
+)
 from leyline.evals.router_passes import (
     Collector,
     Killer,
@@ -121,8 +131,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m leyline.evals.router_check",
         description=(
             "The real sglang-router (from --router-python's venv, built by "
-            "scripts/router/setup_env.sh) in front of two real `leyline serve` workers "
-            "(SmolLM2, CPU): the router's added latency, then agent episodes (demo and "
+            "scripts/router/setup_env.sh) in front of two real workers, `leyline serve` or "
+            "SGLang servers with the plugin (SmolLM2, CPU): the router's added latency, "
+            "then agent episodes (demo and "
             "synthetic trajectories, alternating) straight to one worker (pass 1) and "
             "through the router in routed mode (pass 2), where the worker holding more live "
             "sessions is killed (SIGKILL) once --kill-at of the turns have answered and "
@@ -143,6 +154,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=Path(".venv-router/bin/python"),
         help=f"the Python of a venv with sglang-router=={ROUTER_VERSION}",
+    )
+    parser.add_argument(
+        "--workers",
+        choices=WORKER_KINDS,
+        default="leyline",
+        help="the workers: `leyline serve`, or SGLang servers with the plugin "
+        f"({SGLANG_SCRIPT} run; .venv-sglang, built by the SGLang live check)",
     )
     parser.add_argument("--episodes", type=int, default=16, help="agent episodes per pass")
     parser.add_argument("--turns", type=int, default=5, help="turns (tool calls) per episode")
@@ -176,8 +194,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--start-timeout",
         type=float,
-        default=300,
-        help="seconds for a worker or the router to come up",
+        default=None,
+        help="seconds for a worker or the router to come up (default: 300, SGLang 600)",
     )
     parser.add_argument(
         "--pass-timeout",
@@ -192,13 +210,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--worker-option",
         action="append",
         default=[],
-        help="an extra `leyline serve` argument for both workers (repeatable)",
+        help="an extra worker argument for both workers (`leyline serve`'s, or SGLang's "
+        "launch flags; repeatable)",
     )
     args = parser.parse_args(argv)
     if args.episodes < 1 or args.turns < 1 or args.concurrency < 1:
         parser.error("--episodes, --turns and --concurrency must be at least 1")
     if not 0 < args.kill_at < 1:
         parser.error("--kill-at must be in (0, 1)")
+    if args.start_timeout is None:
+        args.start_timeout = 600.0 if args.workers == "sglang" else 300.0
     return args
 
 
@@ -207,6 +228,9 @@ def run(args: argparse.Namespace) -> int:
     say = Say(clock)
     if not args.router_python.exists():
         say(f"no {args.router_python}: run bash scripts/router/setup_env.sh first")
+        return 2
+    if args.workers == "sglang" and not SGLANG_SCRIPT.exists():
+        say(f"no {SGLANG_SCRIPT}: run from the repository's root")
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     run_id = f"{os.getpid():x}{int(time.time()) % 100000:05d}"
@@ -229,8 +253,9 @@ def run(args: argparse.Namespace) -> int:
         f"{args.episodes} episodes, {turns} turns a pass ({args.policy}, max_tokens "
         f"{args.max_tokens}, {args.concurrency} at a time); out: {args.out}"
     )
+    kind = "leyline serve" if args.workers == "leyline" else "SGLang (plugin)"
     phase(
-        "1/5 two leyline serve workers (OMP_NUM_THREADS=1), then sglang-router "
+        f"1/5 two {kind} workers (OMP_NUM_THREADS=1), then sglang-router "
         f"{ROUTER_VERSION} ({' '.join(ROUTER_FLAGS)})"
     )
     with fleet(args, args.out, say) as f:

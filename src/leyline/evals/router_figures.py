@@ -388,10 +388,11 @@ def spread(values: Sequence[float]) -> dict[str, float] | None:
 def render(report: Mapping[str, Any]) -> str:
     """The printed table: the targets, then what is reported beside them."""
     s = report["settings"]
+    kind = "SGLang (plugin)" if s.get("workers") == "sglang" else "leyline serve"
     lines = [
         "",
-        f"router live check, {report['date']}: sglang-router {ROUTER_VERSION}, two leyline "
-        f"serve workers (SmolLM2, CPU, one thread each), {s['episodes']} episodes x "
+        f"router live check, {report['date']}: sglang-router {ROUTER_VERSION}, two {kind} "
+        f"workers (SmolLM2, CPU, one thread each), {s['episodes']} episodes x "
         f"{s['turns']} turns, {s['policy']}, {s['concurrency']} at a time",
         "",
         target_table([Target(**t) for t in report["targets"]]),

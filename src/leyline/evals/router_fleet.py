@@ -1,6 +1,7 @@
-"""The processes of ``make router-live-check`` (``router_check``): two ``leyline serve``
-workers and sglang-router, each in its own process group so that a worker can be killed
-as a crash and started again with the same command, and every process is stopped on exit.
+"""The processes of ``make router-live-check`` (``router_check``): two workers (``leyline
+serve``, or SGLang servers with the plugin) and sglang-router, each in its own process group
+so that a worker can be killed as a crash and started again with the same command, and
+every process is stopped on exit.
 """
 
 from __future__ import annotations
@@ -19,8 +20,22 @@ from pathlib import Path
 import httpx
 
 from leyline.evals.serve_process import free_port, serve_command, wait_healthy
+from leyline.serve.worker import WORKER_NAME_ENV
 
 WORKER_NAMES = ("A", "B")
+WORKER_KINDS = ("leyline", "sglang")
+"""``leyline serve`` workers, or SGLang servers with the plugin (the router check's
+``--workers``)."""
+
+SGLANG_SCRIPT = Path("scripts/sglang/live_server.sh")
+"""Starts an SGLang server with the plugin on this CPU (``run``: in the foreground)."""
+
+SGLANG_POOL = ("--max-total-tokens", "80000", "--mem-fraction-static", "0.4")
+"""An SGLang worker's KV pool: a pass's sessions and their earlier revisions fit on one
+worker, so that pass 1 (one worker) is not starved of cache beside pass 2 (two). SGLang
+sizes its pool from the memory free at start times the fraction, capped by the tokens;
+the live suite's flags (0.1, 12,288 tokens) gave about 11k tokens here, and the LRU
+evicted splice sources in pass 1 (``missing_source``)."""
 
 ROUTER_FLAGS = (
     "--policy",
@@ -75,14 +90,39 @@ def _stop_group(process: subprocess.Popen[bytes], timeout_s: float = 20) -> None
         pass
 
 
-class Worker:
-    """One ``leyline serve`` worker in its own process group, on a fixed port, so that a
-    restart is the same command."""
+def worker_command(
+    kind: str, name: str, port: int, folder: Path, args: argparse.Namespace
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and extra environment of worker ``name`` of ``kind``."""
+    if kind == "leyline":
+        options = ["--max-new-tokens", str(args.max_tokens), *args.worker_option]
+        return serve_command(port, ["--worker-name", name, *options]), {}
+    if kind != "sglang":
+        raise ValueError(f"a worker is one of {', '.join(WORKER_KINDS)}, not {kind!r}")
+    from leyline.sglang.live_models import smollm2_dir
 
-    def __init__(self, name: str, port: int, folder: Path, options: Sequence[str]) -> None:
+    run_dir = folder / f"sglang-{name}"
+    command = ["bash", str(SGLANG_SCRIPT), "run", str(run_dir), str(smollm2_dir()), str(port)]
+    flags = [*SGLANG_POOL, *args.worker_option]
+    return [*command, *flags], {WORKER_NAME_ENV: name}
+
+
+class Worker:
+    """One worker in its own process group, on a fixed port, so that a restart is the same
+    command."""
+
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        folder: Path,
+        command: Sequence[str],
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.name, self.port = name, port
         self.log = folder / f"worker-{name}.log"
-        self.command = serve_command(port, ["--worker-name", name, *options])
+        self.command = list(command)
+        self.env = dict(env or {})
         self.process: subprocess.Popen[bytes] | None = None
         self.generation = 0
         """How many times it was started (the label of its answers: ``A``, then ``A#2``)."""
@@ -102,7 +142,7 @@ class Worker:
 
     def start(self) -> None:
         """Start it (again); never once :meth:`stop` ran (the restart runs in a thread)."""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **WORKER_ENV}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **WORKER_ENV, **self.env}
         with self.lock:
             if self.stopped:
                 raise RuntimeError(f"worker {self.name} was stopped")
@@ -119,8 +159,10 @@ class Worker:
             self.generation += 1
 
     def wait_healthy(self, timeout_s: float) -> None:
+        """``/health``, then the protocol's capabilities (a plugin's routes are mounted)."""
         assert self.process is not None
-        wait_healthy(self.process, self.url, self.log, timeout_s)
+        paths = ("/health", "/leyline/v1/capabilities")
+        wait_healthy(self.process, self.url, self.log, timeout_s, paths)
 
     def kill(self) -> None:
         """SIGKILL, as a crash: no shutdown, its sessions gone."""
@@ -205,8 +247,11 @@ class Fleet:
 def fleet(args: argparse.Namespace, folder: Path, say: Say) -> Iterator[Fleet]:
     """Two workers and the router, up and listed healthy; every process stopped on exit."""
     with ExitStack() as stack:
-        options = ["--max-new-tokens", str(args.max_tokens), *args.worker_option]
-        workers = {n: Worker(n, free_port(), folder, options) for n in WORKER_NAMES}
+        workers = {}
+        for n in WORKER_NAMES:
+            port = free_port()
+            command, env = worker_command(args.workers, n, port, folder, args)
+            workers[n] = Worker(n, port, folder, command, env)
         for w in workers.values():
             stack.callback(w.stop)
             w.start()

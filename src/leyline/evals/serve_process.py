@@ -67,18 +67,29 @@ def serve_command(port: int, options: list[str]) -> list[str]:
     return [*command, "--host", "127.0.0.1", "--port", str(port), *options]
 
 
-def wait_healthy(process: subprocess.Popen[bytes], base: str, log: Path, timeout: float) -> None:
-    """Wait until ``base/health`` answers 200; raises with ``log``'s tail if ``process``
-    exits first or ``timeout`` seconds pass."""
+def wait_healthy(
+    process: subprocess.Popen[bytes],
+    base: str,
+    log: Path,
+    timeout: float,
+    paths: tuple[str, ...] = ("/health",),
+) -> None:
+    """Wait until each of ``paths`` under ``base`` answers 200, in turn; raises with
+    ``log``'s tail if ``process`` exits first or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
-    while True:
+    waiting = list(paths)
+    while waiting:
         if process.poll() is not None:
-            raise RuntimeError(f"leyline serve exited early:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"the server exited early:\n{log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
+            if httpx.get(f"{base}{waiting[0]}", timeout=2).status_code == 200:
+                waiting.pop(0)
+                continue
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
-            raise RuntimeError(f"leyline serve did not come up:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(
+                f"the server did not answer {waiting[0]} in {timeout:g} s:\n"
+                f"{log.read_text()[-3000:]}"
+            )
         time.sleep(0.5)

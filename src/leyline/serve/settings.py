@@ -9,9 +9,9 @@ from pathlib import Path
 from leyline.core.sessions import DEFAULT_TENANT
 from leyline.engine.work_estimates import SCHEDULE_POLICIES, SchedulePolicy
 from leyline.protocol import Limits
+from leyline.serve.worker import checked_worker_name
 
 _TENANT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_WORKER_NAME = re.compile(r"[!-~]{1,128}")  # visible ASCII: a header value as it is
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +68,8 @@ class ServerSettings:
             raise ValueError(
                 f"schedule must be one of {', '.join(SCHEDULE_POLICIES)}, not {self.schedule!r}"
             )
-        if self.worker_name is not None and not _WORKER_NAME.fullmatch(self.worker_name):
-            raise ValueError(
-                f"worker_name must be 1-128 visible ASCII characters (no spaces), not "
-                f"{self.worker_name!r}"
-            )
+        if self.worker_name is not None:
+            checked_worker_name(self.worker_name, "worker_name")
         if self.schedule_aging < 0:
             raise ValueError(f"schedule_aging must be at least 0, not {self.schedule_aging}")
         positive = {

@@ -9,6 +9,8 @@ client, so a client can count which worker answered.
 
 from __future__ import annotations
 
+import os
+import re
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -16,6 +18,22 @@ from fastapi import APIRouter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 WORKER_HEADER = "X-Leyline-Worker"
+WORKER_NAME_ENV = "LEYLINE_WORKER_NAME"
+"""Names a plugin's server process (SGLang), as ``--worker-name`` does ``leyline serve``."""
+_WORKER_NAME = re.compile(r"[!-~]{1,128}")  # visible ASCII: a header value as it is
+
+
+def checked_worker_name(name: str, what: str = "a worker name") -> str:
+    """``name`` if it can be sent as a header value as it is; else ``ValueError``."""
+    if not _WORKER_NAME.fullmatch(name):
+        raise ValueError(f"{what} must be 1-128 visible ASCII characters (no spaces), not {name!r}")
+    return name
+
+
+def worker_name_from_env() -> str | None:
+    """``LEYLINE_WORKER_NAME``, checked; None when unset or empty."""
+    name = os.environ.get(WORKER_NAME_ENV)
+    return checked_worker_name(name, WORKER_NAME_ENV) if name else None
 
 
 def leyline_version() -> str:

@@ -27,6 +27,7 @@ from leyline.serve.service import LeylineService
 from leyline.serve.settings import ServerSettings
 from leyline.serve.tenant_keys import TenantKeys, tenants_from_env
 from leyline.serve.tunnel import LeylineTunnel
+from leyline.serve.worker import WorkerName, worker_name_from_env
 from leyline.sglang.backend import SglangBackend
 from leyline.sglang.link import Generated, SchedulerAnswer, SchedulerOrder
 from leyline.sglang.wire import LeylineSpliceReqInput, LeylineSpliceReqOutput, from_wire, to_wire
@@ -189,6 +190,7 @@ def mount(app: Any, tokenizer_manager: Any) -> LeylineService[SaltedSession]:
     """The ``/leyline/v1`` routes, and chat / completions with a ``leyline`` object, on
     SGLang's FastAPI ``app``: one service, so a session made by either is seen by both."""
     tenants = tenants_from_env()  # a malformed keys file stops the server here, loudly
+    worker_name = worker_name_from_env()  # so does a name that is no header value
     backend = backend_for(tokenizer_manager, tenants=tenants is not None)
     service = LeylineService(backend, ServerSettings(), model_name=backend.model_name)
     routes = leyline_router(service.core)
@@ -202,7 +204,10 @@ def mount(app: Any, tokenizer_manager: Any) -> LeylineService[SaltedSession]:
         app.add_middleware(TenantKeys, tenants=tenants, prefix=API_PREFIX)
         leyline_app = TenantKeys(leyline_app, tenants=tenants)
     app.add_middleware(LeylineDispatch, leyline_app=leyline_app)
-    app.add_middleware(LeylineTunnel)  # outermost: an envelope's request meets the rest
+    app.add_middleware(LeylineTunnel)  # an envelope's request meets the rest
+    if worker_name is not None:
+        # Outermost, on SGLang's own routes too: behind a router, a client sees who answered.
+        app.add_middleware(WorkerName, name=worker_name)
     return service
 
 
