@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +76,41 @@ def page_size(server: httpx.Client) -> int:
     reply = server.get("/server_info")
     assert reply.status_code == 200, reply.text
     return int(reply.json()["page_size"])
+
+
+def idle_used_cache(server: httpx.Client, timeout: float = 60.0) -> int:
+    """What the server's KV cache holds at idle that nothing can evict, once no request
+    runs or waits: SGLang's ``num_used_tokens`` (tokens), vLLM's ``kv_cache_usage_perc``
+    times its blocks (blocks: vLLM counts cached blocks nobody references as free)."""
+    if BACKEND != "vllm":
+        from .test_load import _idle_used_tokens
+
+        return _idle_used_tokens(server, timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        metrics = _vllm_metrics(server)
+        if metrics["vllm:num_requests_running"] == 0 and metrics["vllm:num_requests_waiting"] == 0:
+            time.sleep(0.5)  # the gauges are the last step's: that step has ended
+            metrics = _vllm_metrics(server)
+            blocks = int(metrics["num_gpu_blocks"]) - 1  # vLLM's usage leaves out the null block
+            return round(metrics["vllm:kv_cache_usage_perc"] * blocks)
+        assert time.monotonic() < deadline, f"the server did not go idle: {metrics}"
+        time.sleep(0.5)
+
+
+def _vllm_metrics(server: httpx.Client) -> dict[str, float]:
+    reply = server.get("/metrics")
+    assert reply.status_code == 200, reply.text
+    out: dict[str, float] = {}
+    for name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running",
+                 "vllm:num_requests_waiting"):  # fmt: skip
+        found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", reply.text, re.M)
+        assert found, f"no {name} in /metrics"
+        out[name] = float(found.group(1))
+    blocks = re.search(r'vllm:cache_config_info\{[^}]*num_gpu_blocks="(\d+)"', reply.text)
+    assert blocks, "no vllm:cache_config_info with num_gpu_blocks in /metrics"
+    out["num_gpu_blocks"] = float(blocks.group(1))
+    return out
 
 
 def floor_page(n: int, page: int) -> int:

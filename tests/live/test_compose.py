@@ -1,13 +1,17 @@
 """COMPOSE on the live server vs the reference engine's compose on the same weights.
 
-A skill is registered over HTTP (the plugin prefills it in SGLang and holds its path), a
-session composes it mid-prompt with a 4-token seam, and a completion turn on the session
-reads the next-token distribution: SGLang's own forward over the KV the plugin built. The
-reference engine compiles the same skill and composes it into the same tokens; both run
-in fp32, so the logprobs must agree to ``TOLERANCE``. They must also differ from a full
-prefill of the composed tokens (a compose is an approximation: without that gap the check
-could not tell a compose from a re-prefill), and a plain ``/generate`` of the composed
-tokens must not find the composed KV (protocol 3.4: only the session reads it).
+A skill is registered over HTTP (the plugin prefills it and holds it: SGLang locks its
+tree path, vLLM keeps a reference on its blocks), a session composes it mid-prompt with a
+4-token seam, and a completion turn on the session reads the next-token distribution: the
+server's own forward over the KV the plugin built. The reference engine compiles the same
+skill and composes it into the same tokens; both run in fp32, so the logprobs must agree
+to ``TOLERANCE``. They must also differ from a full prefill of the composed tokens (a
+compose is an approximation: without that gap the check could not tell a compose from a
+re-prefill), and a plain request of the composed tokens must not find the composed KV
+(protocol 3.4: only the session reads it). Both backends run every test here; vLLM caches
+whole blocks only, so what a plain request finds is rounded down to a block
+(``floor_page``), and it counts the composed sequence's last token, recomputed in context
+(protocol 3.1), as prefilled where SGLang counts it reused.
 """
 
 from __future__ import annotations
@@ -17,11 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import pytest
 
 from leyline.protocol.resources import Routes
 
 from ._live import (
+    BACKEND,
     TOLERANCE,
     apply,
     create_session,
@@ -35,9 +39,10 @@ from ._live import (
     session_generate,
     session_tokens,
 )
+from ._plain import floor_page, generate_ids, idle_used_cache, plain_hit
 
-# COMPOSE is built on SGLang only (docs/vllm-design.md: not on vLLM yet).
-pytestmark = pytest.mark.backends("sglang")
+LAST = 1 if BACKEND == "vllm" else 0
+"""The composed sequence's last token: vLLM reports it prefilled (recomputed in context)."""
 
 if TYPE_CHECKING:
     from leyline.engine.engine import Engine
@@ -65,7 +70,7 @@ def _turn_top(
 
 
 def test_compose_matches_the_reference_compose_and_stays_private(
-    server: httpx.Client, reference: Engine, report_path: Path | None
+    server: httpx.Client, reference: Engine, report_path: Path | None, page: int
 ) -> None:
     tokens = list(reference.encode(prompt_text("compose")))
     skill = list(reference.encode(f"{RULES} (rule set {uuid.uuid4().hex[:6]})"))
@@ -77,8 +82,8 @@ def test_compose_matches_the_reference_compose_and_stays_private(
     session, _, body = edited_session(server, tokens, [directive])
     assert body["path"] == "splice" and body["fallback_reason"] is None, body
     assert [(b["start"], b["end"]) for b in body["composed"]] == [(at, at + len(skill))]
-    assert body["prefilled_tokens"] == SEAM, body  # the seam; the rest reused, rotated
-    assert body["rotated_tokens"] == len(skill) - SEAM + len(tokens) - at, body
+    assert body["prefilled_tokens"] == SEAM + LAST, body  # the seam; the rest reused, rotated
+    assert body["rotated_tokens"] == len(skill) - SEAM + len(tokens) - at - LAST, body
     new, _ = session_tokens(server, session)
     assert new == tokens[:at] + skill + tokens[at:]
 
@@ -88,8 +93,8 @@ def test_compose_matches_the_reference_compose_and_stays_private(
     delta = max_delta(got, reference_compose_logprobs(reference, tokens, skill, at, SEAM))
     full = reference_logprobs(reference, new)
     gap = max_delta(got, full)
-    # Nobody else reads the composed KV: a plain generate of the same tokens finds only
-    # the public prefix and computes a full prefill.
+    # Nobody else reads the composed KV: a plain request of the same tokens finds only
+    # the public prefix (whole blocks of it on vLLM) and computes a full prefill.
     plain = generate(server, new)
     plain_delta = max_delta(plain.top, full)
     record(
@@ -99,17 +104,17 @@ def test_compose_matches_the_reference_compose_and_stays_private(
     )  # fmt: skip
     assert delta <= TOLERANCE
     assert gap > 10 * TOLERANCE, "the compose should differ from a full prefill"
-    assert plain.cached_tokens == at and plain_delta <= TOLERANCE
+    assert plain.cached_tokens == floor_page(at, page) and plain_delta <= TOLERANCE
 
     # A forget past the block: nothing derived from the span stays anywhere, including
     # the public copy of the session from before the compose, where the span sat
     # len(skill) earlier: purged from there, what precedes it kept.
-    assert generate(server, tokens).cached_tokens == len(tokens) - 1
+    assert generate(server, tokens).cached_tokens == plain_hit(len(tokens), page)
     _, revision = session_tokens(server, session)
     span = {"start": len(new) - 20, "end": len(new) - 10}
     forget = apply(server, session, revision, [{"verb": "forget", "span": span}])
     assert forget.status_code == 200 and forget.json()["path"] == "reprefill", forget.text
-    assert generate(server, tokens).cached_tokens == len(tokens) - 20
+    assert generate(server, tokens).cached_tokens == floor_page(len(tokens) - 20, page)
 
     assert server.delete(Routes.skill.format(skill=skill_id)).status_code == 204
     session2, base2 = create_session(server, tokens)
@@ -133,19 +138,18 @@ def _compose_client(url: str, tokens: list[int], skill_id: str, at: int) -> dict
 
 
 def test_composes_under_load_leak_nothing(
-    server: httpx.Client, reference: Engine, report_path: Path | None
+    server: httpx.Client, reference: Engine, report_path: Path | None, page: int
 ) -> None:
     """Clients compose two skills (one shared by all) into sessions of their own at once,
     beside registrations and a delete; every answer is typed and a splice; one session
-    equals the reference compose; once skills and sessions are gone, SGLang's count of used
-    KV slots at idle is back at its baseline (the holds were let go, nothing leaked)."""
+    equals the reference compose; once skills and sessions are gone, what the cache holds
+    at idle (SGLang's used slots, vLLM's used blocks) is back at its baseline (the holds
+    were let go, nothing leaked)."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    from .test_load import _idle_used_tokens
-
     url = os.environ["LEYLINE_LIVE_URL"]
-    baseline = _idle_used_tokens(server)
+    baseline = idle_used_cache(server)
     nonce = uuid.uuid4().hex[:6]
     skills = {
         f"shared-{nonce}": list(reference.encode(f"{RULES} (shared {nonce})")),
@@ -153,8 +157,9 @@ def test_composes_under_load_leak_nothing(
     }
     for skill_id, skill in skills.items():
         _register(server, skill_id, skill)
-    held = _idle_used_tokens(server)  # locked slots are neither free nor evictable
-    assert held == baseline + sum(len(s) for s in skills.values()), (baseline, held)
+    held = idle_used_cache(server)  # held slots or blocks are neither free nor evictable
+    unit = page if BACKEND == "vllm" else 1  # vLLM holds whole blocks, the last partial
+    assert held == baseline + sum(-(-len(s) // unit) for s in skills.values()), (baseline, held)
     ids = list(skills)
     prompts = [list(reference.encode(prompt_text(f"compose-load-{i}", lines=6))) for i in range(4)]
     with ThreadPoolExecutor(CLIENTS) as pool:
@@ -170,7 +175,7 @@ def test_composes_under_load_leak_nothing(
     delta = max_delta(outs[0]["top"], expected)
     for skill_id in ids:
         assert server.delete(Routes.skill.format(skill=skill_id)).status_code == 204
-    after = _idle_used_tokens(server)
+    after = idle_used_cache(server)
     record(
         report_path, check="composes under load", clients=CLIENTS, max_delta_logprob=delta,
         used_tokens_before=baseline, used_tokens_while_held=held, used_tokens_after=after,
@@ -180,7 +185,7 @@ def test_composes_under_load_leak_nothing(
 
 
 def test_the_sdk_composes_a_registered_skill_in_a_chat(server: httpx.Client) -> None:
-    """The agent-side path against SGLang, as against ``leyline serve``: ``SkillLibrary``
+    """The agent-side path against the plugin, as against ``leyline serve``: ``SkillLibrary``
     registers a message's block (plain, then anchored after the rendered context) and
     ``LeylineOpenAI`` sends a compose for it in a chat turn; the block's KV is copied."""
     import os
@@ -197,16 +202,18 @@ def test_the_sdk_composes_a_registered_skill_in_a_chat(server: httpx.Client) -> 
         assert (entry.info.anchor_tokens > 0) is anchored
         assert record.composed == (entry.skill,) and record.resync is None, record
         assert record.path == "splice"
-        assert (record.rotated_tokens or 0) >= entry.info.num_tokens - 4  # copied, rotated
+        # Copied, rotated (on vLLM less the block's last token when it ends the sequence).
+        assert (record.rotated_tokens or 0) >= entry.info.num_tokens - 4 - LAST
 
 
 def test_compose_time_to_first_token_is_recorded(
-    server: httpx.Client, reference: Engine, report_path: Path | None
+    server: httpx.Client, reference: Engine, report_path: Path | None, page: int
 ) -> None:
     """Figures only (timings are not asserted; the machine is shared): a ~400-token skill
-    composed at the end of a ~1.5k-token session, then a one-token turn, against SGLang's
-    own generate of the same tokens with the session's prefix cached (the public tree) and
-    with nothing cached (a fresh ``cache_salt``). Medians of 3, each on fresh tokens."""
+    composed at the end of a ~1.5k-token session, then a one-token turn, against the host's
+    own plain request of the same tokens with the session's prefix cached (the public
+    namespace) and with nothing cached (a fresh ``cache_salt``). Medians of 3, each on fresh
+    tokens."""
     import time
 
     arms: dict[str, list[float]] = {"compose": [], "prefix_cached": [], "nothing_cached": []}
@@ -226,14 +233,13 @@ def test_compose_time_to_first_token_is_recorded(
         assert reply.json()["path"] == "splice", reply.text
         assert answer.json()["leyline"]["reused_tokens"] == len(new) - 1, answer.text
         t0 = time.perf_counter()
-        assert generate(server, new).cached_tokens == len(tokens)  # the prefix, public
+        prefix = generate(server, new).cached_tokens
         arms["prefix_cached"].append(time.perf_counter() - t0)
-        body = {"input_ids": new, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
-                "cache_salt": f"fresh-{uuid.uuid4().hex}"}  # fmt: skip
+        assert prefix == floor_page(len(tokens), page)  # the prefix, public
         t0 = time.perf_counter()
-        fresh = server.post("/generate", json=body)
+        _, fresh = generate_ids(server, new, 1, salt=f"fresh-{uuid.uuid4().hex}")
         arms["nothing_cached"].append(time.perf_counter() - t0)
-        assert fresh.status_code == 200 and fresh.json()["meta_info"]["cached_tokens"] == 0
+        assert fresh == 0
         assert server.delete(Routes.skill.format(skill=skill_id)).status_code == 204
     median = {k: sorted(v)[1] for k, v in arms.items()}
     record(

@@ -8,7 +8,6 @@ import uuid
 from typing import TYPE_CHECKING
 
 import httpx
-import pytest
 
 from leyline.protocol.resources import Routes
 
@@ -67,13 +66,10 @@ def test_a_cache_salt_partitions_the_cache_as_the_hosts_own(
     assert _cached(server, tokens, salt) == plain_hit(len(tokens), page)
 
 
-@pytest.mark.backends("vllm")
-def test_capabilities_leave_compose_out(server: httpx.Client) -> None:
-    """COMPOSE is not built on vLLM: capabilities leave it out and skills are refused."""
+def test_capabilities_list_compose_with_anchors(server: httpx.Client) -> None:
+    """Both backends execute COMPOSE (anchored skills too) and serve the skills routes."""
     caps = server.get(Routes.capabilities).json()
-    assert "compose" not in caps["verbs"] and "splice" in caps["verbs"], caps
-    skill = server.post(Routes.skills, json={"tokens": [1, 2, 3]})
-    assert skill.status_code >= 400 and skill.json()["error"]["code"] == "unsupported_verb"
+    assert {"compose", "splice"} <= set(caps["verbs"]) and caps["skill_anchors"] is True, caps
 
 
 def test_conformance(url: str) -> None:
