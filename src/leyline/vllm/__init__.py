@@ -8,6 +8,8 @@ plugin that send it orders are not built yet):
   ``scheduler_side`` (pins, loads planned, purges, answers) and ``worker_side`` (rows
   gathered, keys rotated, scattered before the forward); ``link`` is the order format.
 
+* ``holds`` (engine core) and ``skills`` (API server): COMPOSE's skills, vLLM's prefill of
+  each held out of eviction by a reference in the ``BlockPool`` while registered.
 * ``sources``: where vLLM cached a (salt, tokens) sequence (its block ids), and the purge.
 * ``kv_layout``: rows of the attention backend's per-layer KV tensor, learned from the
   backend's own cache write; keys moved with their rope band rotated.
