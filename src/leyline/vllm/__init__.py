@@ -1,8 +1,8 @@
 """The vLLM backend (issue 47; docs/vllm-design.md): Leyline directives executed through
 vLLM's own extension points (a KV connector, endpoint and general plugins).
 
-Built so far, the KV connector and what it stands on (the backend and the endpoint
-plugin that send it orders are not built yet):
+The backend and the endpoint plugin (``backend``, ``endpoint``, ``plugin``) send orders
+to the KV connector, built on:
 
 * ``connector``: ``LeylineConnector`` (vLLM's ``KVConnectorBase_V1``), delegating to
   ``scheduler_side`` (pins, loads planned, purges, answers) and ``worker_side`` (rows
