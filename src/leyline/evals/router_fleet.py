@@ -10,6 +10,7 @@ import argparse
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -99,12 +100,20 @@ def worker_command(
         return serve_command(port, ["--worker-name", name, *options]), {}
     if kind != "sglang":
         raise ValueError(f"a worker is one of {', '.join(WORKER_KINDS)}, not {kind!r}")
-    from leyline.sglang.live_models import smollm2_dir
-
     run_dir = folder / f"sglang-{name}"
-    command = ["bash", str(SGLANG_SCRIPT), "run", str(run_dir), str(smollm2_dir()), str(port)]
+    command = ["bash", str(SGLANG_SCRIPT), "run", str(run_dir), str(sglang_model_dir()), str(port)]
     flags = [*SGLANG_POOL, *args.worker_option]
     return [*command, *flags], {WORKER_NAME_ENV: name}
+
+
+def sglang_model_dir() -> Path:
+    """SmolLM2 as an HF directory SGLang loads, built once from the embedded weights (in a
+    child process: evals do not import the SGLang plugin's package)."""
+    command = [sys.executable, "-m", "leyline.sglang.live_models", "smollm2"]
+    built = subprocess.run(command, capture_output=True, text=True, check=False)
+    if built.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{built.stderr[-3000:]}")
+    return Path(built.stdout.strip().splitlines()[-1])
 
 
 class Worker:
