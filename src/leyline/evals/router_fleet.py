@@ -50,10 +50,15 @@ ROUTER_FLAGS = (
     "2",
     "--health-success-threshold",
     "1",
+    "--health-check-timeout-secs",
+    "30",
     "--worker-startup-check-interval",
     "1",
 )
-"""The router flags of a Leyline fleet (docs/router-design.md, "Router flags")."""
+"""The router flags of a Leyline fleet (docs/deploy.md). The health check's timeout is long
+because a busy SGLang worker's ``/health`` runs a one-token generate behind the queue (5 s,
+the default, timed out under load here and marked live workers unhealthy); a dead worker
+refuses the connection at once, whatever the timeout."""
 
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 """Two workers share the cores: one OpenMP thread each, not spinning while the other runs."""
