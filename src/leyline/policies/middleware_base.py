@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, Self, TypeVar
-from urllib.parse import quote
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -34,6 +33,7 @@ from .base import SummaryRequest
 from .counting import TokenCounter
 from .flows import Flow
 from .messages import Message, canonical_json
+from .middleware_call import OpenCall, raise_pinned, session_path
 from .middleware_core import CallRecord, Conversations, Episode, PreparedCall
 from .middleware_dropin import ClientDropIn
 from .middleware_routed import DEFAULT_MODEL, routed, unreachable
@@ -52,7 +52,6 @@ from .middleware_wire import (
     is_unknown_session,
     is_unknown_skill,
     normalize_messages,
-    pinned_error,
     renderer,
     resync_reason,
     server_root,
@@ -236,14 +235,14 @@ class WrapperBase(ClientDropIn, Generic[C]):
             episode.drop()
         if streamed and support.leyline and episode.directives:
             kwargs = with_stream_usage(kwargs)
-        call = _Call(episode, agent, support, kwargs.get("tools"), new)
+        call = OpenCall(episode, agent, support, kwargs.get("tools"), new)
         summaries = self._summaries(kwargs.get("model"))
         prepared = yield self._plan(call, summaries)
         call.t0 = time.perf_counter()
         try:
             response = yield from self._send(self._completion(prepared, kwargs, extra))
         except (openai.APIStatusError, openai.APIConnectionError) as exc:
-            _raise_pinned(exc, episode)
+            raise_pinned(exc, episode)
             if self._state.routed and unreachable(exc):
                 raise  # its worker stayed out of reach for unreachable_s: nothing changed
             plan = prepared.plan
@@ -259,7 +258,7 @@ class WrapperBase(ClientDropIn, Generic[C]):
                     try:
                         response = yield from self._send(self._completion(prepared, kwargs, extra))
                     except (openai.APIStatusError, openai.APIConnectionError) as again:
-                        _raise_pinned(again, episode)
+                        raise_pinned(again, episode)
                         exc = again
             if response is None:
                 if is_unknown_session(exc):
@@ -282,7 +281,7 @@ class WrapperBase(ClientDropIn, Generic[C]):
                 try:
                     response = yield from self._send(self._completion(prepared, kwargs, extra))
                 except openai.APIStatusError as final:
-                    _raise_pinned(final, episode)
+                    raise_pinned(final, episode)
                     raise
         call.prepared = prepared
         if isinstance(response, ChatCompletion):
@@ -290,7 +289,7 @@ class WrapperBase(ClientDropIn, Generic[C]):
             return response
         return self._open_stream(response, call)
 
-    def _open_stream(self, response: Any, call: _Call) -> StreamBase:
+    def _open_stream(self, response: Any, call: OpenCall) -> StreamBase:
         """Wrap a streamed answer; the episode is committed when the stream says so."""
         stream: StreamBase
 
@@ -332,10 +331,10 @@ class WrapperBase(ClientDropIn, Generic[C]):
             return
         for episode in episodes:
             with contextlib.suppress(openai.APIError, ValueError):  # an answer not JSON
-                route = self._route("delete", _session_path(episode), key=episode.session)
+                route = self._route("delete", session_path(episode), key=episode.session)
                 yield from self._send(route, wait=False)  # best effort: no waiting
 
-    def _plan(self, call: _Call, summaries: Callable[[SummaryRequest], Flow[str]]) -> Plan:
+    def _plan(self, call: OpenCall, summaries: Callable[[SummaryRequest], Flow[str]]) -> Plan:
         """Planning as blocking work whose requests (the server's rendering, summaries) are
         flows it runs with the ``run`` the shell gives it."""
 
@@ -366,7 +365,7 @@ class WrapperBase(ClientDropIn, Generic[C]):
         """Read the session (``GET /leyline/v1/sessions/{id}``) and mirror the spans it
         dropped; None when it cannot be read or the drops are not ours."""
         try:
-            route = self._route("get", _session_path(episode), key=episode.session)
+            route = self._route("get", session_path(episode), key=episode.session)
             data = yield from self._send(route)
             info = SessionInfo.model_validate(data)
         except (openai.APIError, ValidationError) as exc:
@@ -477,50 +476,3 @@ class Chat:
 
     def __init__(self, completions: Any) -> None:
         self.completions = completions
-
-
-@dataclass(eq=False)
-class _Call:
-    """One ``create`` as it goes: where it was routed, and what its record will say."""
-
-    episode: Episode
-    agent: list[Message]
-    support: ServerSupport
-    tools: object
-    new: bool
-    """It opened a new conversation."""
-    prepared: PreparedCall | None = None
-    t0: float = 0.0
-    resync: str | None = None
-    lost_session: str | None = None
-    """The session this call found lost (it went on in a new one)."""
-    reregistered: tuple[str, ...] = ()
-    """Skills registered again on the session's worker (routed mode, ``unknown_skill``)."""
-    dropped: tuple[Dropped, ...] = ()
-
-    def commit(self, completion: ChatCompletion, *, streamed: bool = False) -> None:
-        assert self.prepared is not None
-        latency = time.perf_counter() - self.t0
-        self.episode.commit(
-            self.prepared,
-            completion,
-            self.support,
-            latency,
-            self.resync,
-            streamed=streamed,
-            new_conversation=self.new,
-            dropped=self.dropped,
-            lost_session=self.lost_session,
-            reregistered=self.reregistered,
-        )
-
-
-def _session_path(episode: Episode) -> str:
-    return Routes.session.format(session=quote(episode.session, safe=""))
-
-
-def _raise_pinned(exc: BaseException, episode: Episode) -> None:
-    """A ``pinned_span`` refusal is the caller's to resolve: raise it typed, change nothing."""
-    error = pinned_error(exc, episode.session)
-    if error is not None:
-        raise error from exc
