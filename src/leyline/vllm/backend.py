@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from leyline.core.backend import EXECUTED_VERBS, MARKING_VERBS, SkillRegistration
@@ -45,16 +45,16 @@ from leyline.protocol.resolve import SkillTokens
 from leyline.protocol.resources import SkillInfo
 from leyline.vllm.build import (
     Borrowed,
-    Build,
-    BuildRequest,
     old_rows_needed,
     padded,
     plan_build,
     recipe_within,
 )
-from leyline.vllm.link import Answer, LoadSource, Order, PurgeTarget, RowRun, runs_of
+from leyline.vllm.deferred import DeferredRequest
+from leyline.vllm.link import Order, PurgeTarget
+from leyline.vllm.plan_orders import borrowed_rows, splice_kept_before_forget
 from leyline.vllm.runner import CARRIER, PREFILL, Ran, Runner, carrier_salt
-from leyline.vllm.skills import HeldSkill, SkillStore
+from leyline.vllm.skills import SkillStore
 
 logger = logging.getLogger(__name__)
 
@@ -82,46 +82,6 @@ class VllmSession(SaltedSession):
     """Where the rows of the sequence's last partial block that a build loaded are cached
     (vLLM caches whole blocks only): every request on the session carries it, so they are
     loaded again, never recomputed. None when every row there was computed in context."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Deferred:
-    """A build's last request, left to the turn that follows: the turn's prompt extends the
-    new sequence, so the turn, carrying the same order, loads the same rows and computes
-    the same ones in the same context, then goes on (one request and its filler fewer)."""
-
-    build: Build
-    request: BuildRequest
-    rotated_before: int
-    """Rows the build's earlier requests rotated."""
-
-    def settled(self, edit: OpReport, answer: Answer | None) -> OpReport:
-        """The edit's report once the turn answered for the deferred request's rows."""
-        if answer is None:
-            return edit
-        if answer.fallback_reason not in (None, FallbackReason.missing_source):
-            # The worker wrote none of them: vLLM computed them, in the turn's context.
-            reason = FallbackReason(answer.fallback_reason)
-            reused = min(edit.reused_tokens, edit.first_change)
-            return replace(
-                edit,
-                path=Path.reprefill,
-                reused_tokens=reused,
-                prefilled_tokens=edit.reused_tokens + edit.prefilled_tokens - reused,
-                rotated_tokens=0,
-                fallback_reason=reason,
-            )
-        start = answer.missing_from
-        lost = 0 if start is None else self.build.kept_rows(start, self.request.length)
-        if not lost and edit.fallback_reason is None:
-            return edit
-        return replace(
-            edit,
-            reused_tokens=edit.reused_tokens - lost,
-            prefilled_tokens=edit.prefilled_tokens + lost,
-            rotated_tokens=min(self.build.rotated, self.rotated_before + answer.rotated),
-            fallback_reason=FallbackReason.missing_source,
-        )
 
 
 class VllmBackend(HostBackend[VllmSession]):
@@ -256,7 +216,7 @@ class VllmBackend(HostBackend[VllmSession]):
         plan: EditPlan,
         allow_fallback: bool,
         then: tuple[int, ...] | None,
-    ) -> tuple[OpReport, _Deferred | None]:
+    ) -> tuple[OpReport, DeferredRequest | None]:
         """``execute``; with ``then``, the prompt of the turn that follows, a build's last
         request may be left to that turn (returned)."""
         base = handle.view
@@ -273,7 +233,7 @@ class VllmBackend(HostBackend[VllmSession]):
             # namespace, by the request that carries the purge (protocol 3.2, 3.4). A splice
             # before the forget would keep its downstream rows up to it (protocol 4, rule 6):
             # not built on vLLM, so that batch says it fell back, or is refused.
-            fallback = _splice_kept_before_forget(plan)
+            fallback = splice_kept_before_forget(plan)
             if fallback is not None and not allow_fallback:
                 raise SpliceUnsupportedError(
                     fallback, "vLLM re-prefills a batch with a forget from its first change"
@@ -294,7 +254,7 @@ class VllmBackend(HostBackend[VllmSession]):
                     plan,
                     allow_fallback,
                     defer=defer and self._rows_written,
-                    borrowed=_borrowed(plan, skills),
+                    borrowed=borrowed_rows(plan, skills),
                 )
             computed = len(plan.tokens)
         elif plan.composes or (keeps_downstream_kv(plan) and self.refusal is not None):
@@ -394,7 +354,7 @@ class VllmBackend(HostBackend[VllmSession]):
         *,
         defer: bool,
         borrowed: Sequence[Borrowed] = (),
-    ) -> tuple[OpReport, Order | None, list[tuple[tuple[int, ...], int]], _Deferred | None]:
+    ) -> tuple[OpReport, Order | None, list[tuple[tuple[int, ...], int]], DeferredRequest | None]:
         """The new sequence built in the session's own namespace (``build``): every kept
         row loaded, keys rotated, and so are the ``borrowed`` rows of composed blocks; the
         inserted runs (seams) and the last token computed in context.
@@ -465,7 +425,7 @@ class VllmBackend(HostBackend[VllmSession]):
         if last is None:
             return report, build.recipe, built, None
         before = sum(ran.answer.rotated for ran in answers if ran.answer)
-        return report, last.order, built, _Deferred(build, last, before)
+        return report, last.order, built, DeferredRequest(build, last, before)
 
     def _note(self, ran: Ran) -> None:
         if ran.answer is not None and ran.answer.reused > 0:
@@ -498,51 +458,3 @@ class VllmBackend(HostBackend[VllmSession]):
         if not plan.tokens:
             return await self.runner.run(CARRIER, PREFILL, carrier_salt(), order)
         return await self.runner.run(plan.tokens, PREFILL, handle.salt, order)
-
-
-def _splice_kept_before_forget(plan: EditPlan) -> FallbackReason | None:
-    """``unsupported_runtime`` when the batch keeps downstream rows between its first change
-    and its earliest forget (a splice before the forget), or composes a block before it
-    whose rows past the seam are the skill's: the re-prefill recomputes both."""
-    forget_from, first_change = plan.forget_from, plan.result.first_change
-    kept = runs_of(plan.result.position_map)
-    if forget_from is not None and any(
-        run.source_start < forget_from and run.dest_start + run.length > first_change
-        for run in kept
-    ):
-        return FallbackReason.unsupported_runtime
-    # A block inserted at or before the forget's start (base positions) comes before it.
-    composed_before = [
-        c
-        for c in plan.composes
-        if forget_from is not None and c.seam_tokens < c.num_tokens and c.at <= forget_from
-    ]
-    if composed_before:
-        return FallbackReason.unsupported_runtime
-    return None
-
-
-def _borrowed(plan: EditPlan, skills: Sequence[HeldSkill]) -> list[Borrowed]:
-    """Each composed block's rows past its seam, read from its skill's hold: source rows
-    after the anchor, keys rotated by the block's position less the anchor's length.
-    Raises ``invalid_directive`` (nothing ran) when a block is no longer its skill's
-    tokens (replaced since the batch was planned)."""
-    out = []
-    for compose, where, skill in zip(plan.composes, plan.composed(), skills, strict=True):
-        if plan.tokens[where.start : where.end] != skill.tokens:
-            raise LeylineError(
-                ErrorCode.invalid_directive,
-                f"the block at [{where.start}, {where.end}) is not skill {skill.id!r}'s "
-                "tokens (replaced meanwhile?): retry the batch",
-                "directives",
-            )
-        n, seam = len(skill.tokens), min(compose.seam_tokens, len(skill.tokens))
-        if seam < n:
-            run = RowRun(len(skill.anchor) + seam, where.start + seam, n - seam)
-            out.append(Borrowed(skill.key, run))
-    return out
-
-
-def _load(source: tuple[str | None, tuple[int, ...]], runs: Sequence[Any]) -> Order:
-    salt, tokens = source
-    return Order(load=(LoadSource(salt, tokens, tuple(runs)),))
