@@ -68,7 +68,7 @@ from leyline.evals.router_passes import (
     http_client,
     trajectories,
 )
-from leyline.policies.middleware_wire import ROUTING_KEY
+from leyline.protocol.routing import DEFAULT_MODEL, ROUTING_KEY, envelope_body
 from leyline.serve.worker import WORKER_HEADER
 
 # --- The router's added latency -----------------------------------------------------------
@@ -76,14 +76,7 @@ from leyline.serve.worker import WORKER_HEADER
 
 def envelope_capabilities() -> dict[str, Any]:
     """An envelope of ``GET /leyline/v1/capabilities``, as the SDK sends it in routed mode."""
-    route = {"method": "GET", "path": "/leyline/v1/capabilities", "body": None}
-    return {
-        "model": "default",
-        "prompt": ".",
-        "max_tokens": 1,
-        "stream": False,
-        "leyline": {"route": route},
-    }
+    return envelope_body("GET", "/leyline/v1/capabilities", None, DEFAULT_MODEL)
 
 
 def measure_overhead(fleet: Fleet, requests: int, warmup: int, run_id: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from openai.types.chat import ChatCompletion
 from pydantic import ValidationError
 
 from leyline.protocol.resources import Routes, SessionInfo, SkillInfo, TokenizeResponse
+from leyline.protocol.routing import DEFAULT_MODEL
 
 from .base import SummaryRequest
 from .counting import TokenCounter
@@ -36,7 +37,7 @@ from .messages import Message, canonical_json
 from .middleware_call import OpenCall, raise_pinned, session_path
 from .middleware_core import CallRecord, Conversations, Episode, PreparedCall
 from .middleware_dropin import ClientDropIn
-from .middleware_routed import DEFAULT_MODEL, routed, unreachable
+from .middleware_routed import routed, unreachable
 from .middleware_wire import (
     LEYLINE_KEY,
     Completion,

@@ -22,18 +22,16 @@ import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
+from leyline.protocol.routing import envelope_body
+
 from .flows import Flow
-from .middleware_wire import LEYLINE_KEY, ROUTING_KEY, Completion, Route
+from .middleware_wire import ROUTING_KEY, Completion, Route
 
 ENVELOPE_PATH = "/completions"
 """The route every envelope goes to, from the client's base URL (which ends in ``/v1``)."""
 
 CHAT_PATH = "/v1/chat/completions"
 """The inner path of a chat turn."""
-
-DEFAULT_MODEL = "default"
-"""The outer ``model`` of an envelope sent before any call named one (the router requires
-the field; the worker's tunnel does not read it)."""
 
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0)
 """Waits before the re-sends of a request whose worker the router could not reach; the
@@ -89,14 +87,7 @@ class Envelope:
             named = body.get("model")
             model = named if isinstance(named, str) and named else self.model
         stream = isinstance(body, Mapping) and bool(body.get("stream"))
-        route = {"method": method, "path": path, "body": body}
-        return {
-            "model": model,
-            "prompt": ".",
-            "max_tokens": 1,
-            "stream": stream,
-            LEYLINE_KEY: {"route": route},
-        }
+        return envelope_body(method, path, body, model, stream=stream)
 
     def options(self) -> dict[str, Any]:
         """The request options (openai's ``RequestOptions``): headers with the routing key,

@@ -41,15 +41,18 @@ def new_session_id() -> str:
     return f"leyline-{uuid.uuid4().hex[:16]}"
 
 
-def envelope_body(method: str, target: str, body: object, model: str) -> dict[str, Any]:
+def envelope_body(
+    method: str, target: str, body: object, model: str, *, stream: bool = False
+) -> dict[str, Any]:
     """The JSON body of an envelope carrying ``method target`` (path with its query) with
-    the JSON ``body`` (None: none)."""
+    the JSON ``body`` (None: none); ``stream``: the inner answer is a stream (the router
+    streams the worker's answer through only then)."""
     route = {"method": method.upper(), "path": target, "body": body}
     return {
         "model": model,
         "prompt": ".",
         "max_tokens": 1,
-        "stream": False,
+        "stream": stream,
         "leyline": {"route": route},
     }
 

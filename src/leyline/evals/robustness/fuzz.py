@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
+from leyline.protocol.routing import ENVELOPE_PATH, envelope_body
+
 from . import shapes
 from .source import Source, chance, pick
 from .values import encode, garbage, mutate
@@ -102,9 +104,6 @@ def is_leyline_request(call: Call) -> bool:
     return isinstance(body, dict) and "leyline" in body
 
 
-ENVELOPE_PATH = "/v1/completions"
-
-
 def enveloped(call: Call) -> Call | None:
     """``call`` carried in an envelope (``serve.tunnel``), None where it cannot be: only
     Leyline's own requests with a JSON body or none (a host's plain request carried in
@@ -115,8 +114,7 @@ def enveloped(call: Call) -> Call | None:
         return None
     if not is_leyline_request(call) or call.method not in ("GET", "POST", "DELETE"):
         return None
-    route = {"method": call.method, "path": call.path, "body": body}
-    outer = {"model": "m", "prompt": ".", "max_tokens": 1, "leyline": {"route": route}}
+    outer = envelope_body(call.method, call.path, body, "m")
     return replace(
         call,
         method="POST",
