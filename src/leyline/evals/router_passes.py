@@ -274,8 +274,8 @@ class Killer:
         victim = max(self.fleet.workers, key=lambda n: (len(live[n]), n == WORKER_NAMES[0]))
         worker = self.fleet.workers[victim]
         counts = ", ".join(f"{n} {len(s)}" for n, s in live.items())
+        t_kill = self.clock.now()  # the signal's time: a big process takes seconds to exit
         worker.kill()
-        t_kill = self.clock.now()
         self.say(
             f"    pass2: {at}/{self.run.total} turns answered, live sessions {counts}: "
             f"SIGKILL worker {victim} (pid {worker.pid})"
