@@ -367,3 +367,15 @@ def test_bf16_in_place_matches_the_copy_path_within_bf16_rounding() -> None:
     for a, b in zip(moved.kv, copied.kv, strict=True):
         assert torch.equal(a[0][:, :, kept], b[0][:, :, kept])
         assert torch.equal(a[1][:, :, kept], b[1][:, :, kept])
+
+
+def test_the_prefill_chunk_set_on_the_engine_is_the_one_its_forwards_run(engine: Engine) -> None:
+    chunk = engine.prefill_chunk
+    try:
+        engine.prefill_chunk = 7
+        assert engine.forwards.chunk == 7
+        with pytest.raises(ValueError, match="prefill_chunk"):
+            engine.prefill_chunk = 0
+        assert engine.forwards.chunk == 7
+    finally:
+        engine.prefill_chunk = chunk

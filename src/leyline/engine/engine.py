@@ -61,9 +61,8 @@ class Engine:
         """Of those, layers whose few-row forwards run fused (``layer_kernel``)."""
         self.tokenizer = loaded.tokenizer
         self.prefix_cache = prefix_cache
-        self.prefill_chunk = prefill_chunk
         self.forwards = Forwards(self.model, prefill_chunk)
-        """The model's forwards over KV buffers (``forward``)."""
+        """The model's forwards over KV buffers (``forward``), at :attr:`prefill_chunk`."""
         max_positions = int(getattr(self.model.config, "max_position_embeddings", 0)) or None
         self.limits = limits or Limits(max_session_tokens=max_positions)
         self.rope: RopeSpec | None = None
@@ -105,6 +104,17 @@ class Engine:
         return cls(loaded, prefix_cache=cache, **kwargs)  # type: ignore[arg-type]
 
     # -- model access ----------------------------------------------------------------
+
+    @property
+    def prefill_chunk(self) -> int:
+        """Most tokens one forward runs at once; a longer pass runs in chunks of this many."""
+        return self.forwards.chunk
+
+    @prefill_chunk.setter
+    def prefill_chunk(self, chunk: int) -> None:
+        if chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {chunk}")
+        self.forwards = Forwards(self.model, chunk)  # every edit's forwards read this one
 
     @property
     def vocab_size(self) -> int:
