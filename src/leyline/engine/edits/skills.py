@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from leyline.core.skill_table import unknown_skill
 from leyline.engine.forward import kv_length
 from leyline.engine.kv.kv_blocks import KVCache, kv_nbytes, slice_block
 from leyline.engine.rope import delta_rotate
@@ -173,14 +174,6 @@ class _Entry:
     users: int = 0
 
 
-def _unknown(tenant: str, skill_id: str) -> LeylineError:
-    return LeylineError(
-        ErrorCode.unknown_skill,
-        f"tenant {tenant!r} has no skill named {skill_id!r}; register it first",
-        "skill",
-    )
-
-
 class SkillStore:
     """Skills keyed by (tenant, id) within ``budget_bytes`` of KV; thread-safe.
 
@@ -332,7 +325,7 @@ class SkillStore:
     def _touch(self, tenant: str, skill_id: str) -> _Entry:
         entry = self._entries.get((tenant, skill_id))
         if entry is None:
-            raise _unknown(tenant, skill_id)
+            raise unknown_skill(tenant, skill_id)
         self._entries.move_to_end((tenant, skill_id))
         return entry
 
