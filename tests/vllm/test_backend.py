@@ -3,21 +3,20 @@ requests a directive runs, in which namespace, with which order, and what it rep
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
 from leyline.core.errors import SpliceUnsupportedError
 from leyline.core.service import SessionService
-from leyline.core.sessions import DEFAULT_TENANT, SessionStore
-from leyline.core.turns import SamplingParams, Turn
-from leyline.protocol import ErrorCode, FallbackReason, LeylineError, Limits, Verb
+from leyline.core.sessions import DEFAULT_TENANT
+from leyline.protocol import ErrorCode, FallbackReason, LeylineError, Verb
 from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCreate
-from leyline.vllm.backend import VllmBackend, VllmSession
+from leyline.vllm.backend import VllmSession
 from leyline.vllm.build import padded
 
 from ._fake_engine import FakeEngine
+from ._service import Stack, handle_of, one_token_turn, run, stack
 
 BLOCK = 4
 TOKENS = list(range(100, 122))  # 22 tokens: 5 full blocks and a partial one
@@ -30,43 +29,22 @@ class _Chars:
         return [ord(c) for c in text]
 
 
-def _run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
-def _stack(
-    refusal: SpliceUnsupportedError | None = None,
-) -> tuple[SessionService[VllmSession], VllmBackend, FakeEngine]:
-    engine = FakeEngine(BLOCK)
-    backend = VllmBackend(
-        engine, _Chars(), limits=Limits(), vocab_size=1000, block_size=BLOCK, refusal=refusal
-    )
-    return SessionService(backend, SessionStore(backend)), backend, engine
+def _stack(refusal: SpliceUnsupportedError | None = None) -> Stack:
+    return stack(FakeEngine(BLOCK), _Chars(), refusal=refusal)
 
 
 def _session(service: SessionService[VllmSession], tokens: list[int]) -> str:
-    info = _run(service.create(DEFAULT_TENANT, SessionCreate(tokens=tokens)))
+    info = run(service.create(DEFAULT_TENANT, SessionCreate(tokens=tokens)))
     return str(info.session)
 
 
 def _apply(service: SessionService[VllmSession], session: str, *directives: Any) -> Any:
     body = ApplyDirectives(base_revision=1, directives=list(directives))
-    return _run(service.apply(DEFAULT_TENANT, session, body))
+    return run(service.apply(DEFAULT_TENANT, session, body))
 
 
 def _splice(start: int, end: int, replacement: list[int]) -> dict[str, Any]:
     return {"verb": "splice", "span": {"start": start, "end": end}, "replacement": replacement}
-
-
-def _handle(service: SessionService[VllmSession], session: str) -> VllmSession:
-    return service.store.get(DEFAULT_TENANT, session).handle
-
-
-def _turn(backend: VllmBackend, handle: VllmSession, prompt: tuple[int, ...]) -> Any:
-    turn: Turn[VllmSession] = Turn(
-        handle, None, prompt, None, SamplingParams(max_new_tokens=1), lambda t: True, lambda: False
-    )
-    return _run(backend.run_turn(turn))
 
 
 def test_a_cut_loads_every_kept_row_rotated_into_a_private_namespace() -> None:
@@ -74,7 +52,7 @@ def test_a_cut_loads_every_kept_row_rotated_into_a_private_namespace() -> None:
     session = _session(service, TOKENS)
     reply = _apply(service, session, _splice(6, 10, []))
     new = TOKENS[:6] + TOKENS[10:]
-    handle = _handle(service, session)
+    handle = handle_of(service, session)
     assert handle.private_salt is not None and handle.private_salt.startswith("leyline-")
     # Old row 20 is kept (new 16) but sits in the old partial block: the old sequence plus
     # filler is cached whole first, in its own namespace, computing only that block.
@@ -101,7 +79,7 @@ def test_a_replacement_is_computed_by_its_own_request_then_loaded() -> None:
     first, whole = engine.requests[2:]
     assert first.tokens == padded(new[:7], BLOCK)  # the run is new[6]; filler to 8
     assert first.kv == [f"loaded None {p} 0" for p in range(6)] + ["computed"] * 2
-    salt = _handle(service, session).private_salt
+    salt = handle_of(service, session).private_salt
     assert whole.tokens == padded(new, BLOCK) and whole.kv[:4] == ["hit"] * 4
     assert whole.kv[4:7] == [f"loaded {salt} {p} 0" for p in range(4, 7)]  # with the run
     assert whole.kv[7:18] == [f"loaded None {p + 3} -3" for p in range(7, 18)]
@@ -116,15 +94,15 @@ def test_later_requests_load_the_partial_block_from_the_build() -> None:
     service, backend, engine = _stack()
     session = _session(service, TOKENS)
     _apply(service, session, _splice(2, 3, [1, 2]))  # 23 tokens
-    handle = _handle(service, session)
+    handle = handle_of(service, session)
     new, salt = handle.view.tokens, handle.private_salt
     built = engine.requests[-1]
     assert built.kv[4:22] == [f"loaded None {p - 1} 1" for p in range(4, 22)]
-    _turn(backend, handle, new)  # the same tokens: the last one is computed again
+    one_token_turn(backend, handle, new)  # the same tokens: the last one is computed again
     first = engine.requests[-1]
     assert first.kv[:20] == ["hit"] * 20
     assert first.kv[20:] == [f"loaded {salt} 20 0", f"loaded {salt} 21 0", "computed"]
-    outcome = _turn(backend, handle, (*handle.view.tokens, 8))  # 23 + 1 generated + 1
+    outcome = one_token_turn(backend, handle, (*handle.view.tokens, 8))  # 23 + 1 generated + 1
     second = engine.requests[-1]
     assert second.kv[20:23] == [f"loaded {salt} {p} 0" for p in range(20, 23)]
     assert second.kv[23:] == ["computed"] * 2
@@ -135,10 +113,10 @@ def test_a_second_splice_reads_the_old_partial_block_through_the_recipe() -> Non
     service, _, engine = _stack()
     session = _session(service, TOKENS)
     _apply(service, session, _splice(6, 10, []))  # 18 tokens, private
-    handle = _handle(service, session)
+    handle = handle_of(service, session)
     salt, first_build = handle.private_salt, engine.requests[-1]
     body = ApplyDirectives(base_revision=2, directives=[_splice(2, 4, [])])
-    reply = _run(service.apply(DEFAULT_TENANT, session, body))
+    reply = run(service.apply(DEFAULT_TENANT, session, body))
     old, build = engine.requests[-2:]
     # The old sequence's partial block (16, 17) is cached whole: its rows loaded as the
     # first build left them, the filler computed.
@@ -152,11 +130,11 @@ def test_forget_purges_every_namespace_and_reprefills() -> None:
     service, _, engine = _stack()
     session = _session(service, TOKENS)
     _apply(service, session, _splice(6, 10, []))  # private now
-    handle = _handle(service, session)
+    handle = handle_of(service, session)
     private, spliced = handle.private_salt, handle.view.tokens
     forget = {"verb": "forget", "span": {"start": 12, "end": 14}}
     body = ApplyDirectives(base_revision=2, directives=[forget])
-    reply = _run(service.apply(DEFAULT_TENANT, session, body))
+    reply = run(service.apply(DEFAULT_TENANT, session, body))
     request = engine.requests[-1]
     assert request.salt == private and request.order is not None
     purged = {(t.salt, t.tokens, t.from_position) for t in request.order.purge}
@@ -176,8 +154,8 @@ def test_without_the_connector_a_splice_is_refused_or_reprefilled() -> None:
     strict = {"allow_fallback": False}
     body = ApplyDirectives(base_revision=1, directives=[_splice(6, 10, [])], options=strict)
     with pytest.raises(SpliceUnsupportedError):
-        _run(service.apply(DEFAULT_TENANT, session, body))
-    assert len(engine.requests) == 1 and _handle(service, session).view.tokens == tuple(TOKENS)
+        run(service.apply(DEFAULT_TENANT, session, body))
+    assert len(engine.requests) == 1 and handle_of(service, session).view.tokens == tuple(TOKENS)
     reply = _apply(service, session, _splice(6, 10, []))
     assert reply.path == "reprefill" and reply.fallback_reason == "unsupported_runtime"
     assert engine.requests[-1].salt is None and engine.requests[-1].order is None
@@ -188,10 +166,10 @@ def test_without_the_connector_compose_is_not_offered_and_reserved_salts_are_ref
     service, backend, _ = _stack(refusal)
     assert Verb.compose not in backend.capabilities().verbs
     with pytest.raises(LeylineError) as refused:
-        _run(service.create_skill(DEFAULT_TENANT, SkillCreate(tokens=[1, 2])))
+        run(service.create_skill(DEFAULT_TENANT, SkillCreate(tokens=[1, 2])))
     assert refused.value.code is ErrorCode.unsupported_verb
     with pytest.raises(LeylineError) as salted:
-        _run(service.create(DEFAULT_TENANT, SessionCreate(tokens=[1], cache_salt="leyline-x")))
+        run(service.create(DEFAULT_TENANT, SessionCreate(tokens=[1], cache_salt="leyline-x")))
     assert salted.value.field == "cache_salt"
 
 
@@ -211,8 +189,8 @@ def test_a_splice_before_a_forget_says_it_was_re_prefilled() -> None:
         base_revision=1, directives=[_splice(2, 4, []), forget], options={"allow_fallback": False}
     )
     with pytest.raises(SpliceUnsupportedError):
-        _run(service.apply(DEFAULT_TENANT, session, body))
-    assert _handle(service, session).view.revision == 1
+        run(service.apply(DEFAULT_TENANT, session, body))
+    assert handle_of(service, session).view.revision == 1
 
 
 def test_a_run_that_ends_the_sequence_is_reported_once() -> None:
@@ -239,11 +217,11 @@ def test_a_turn_whose_recipe_block_was_evicted_says_so() -> None:
     service, backend, engine = _stack()
     session = _session(service, TOKENS)
     _apply(service, session, _splice(2, 3, [1, 2]))  # 23 tokens; rows 20-22 in the recipe
-    handle = _handle(service, session)
+    handle = handle_of(service, session)
     new, salt = handle.view.tokens, handle.private_salt
     evicted = engine.cache.pop((salt, padded(new, BLOCK)))  # the build's last block
     assert evicted[:3] == ["loaded None 19 1", "loaded None 20 1", "computed"]  # 22: the last
-    outcome = _turn(backend, handle, new)
+    outcome = one_token_turn(backend, handle, new)
     turn = engine.requests[-1]
     assert turn.kv[:20] == ["hit"] * 20 and turn.kv[20:] == ["computed"] * 3
     assert outcome.prefill.fallback_reason == "missing_source"

@@ -6,19 +6,19 @@ tenant, evicted LRU when idle, released on delete, and never read by a session a
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
 from leyline.core.service import SessionService
-from leyline.core.sessions import DEFAULT_TENANT, SessionStore
+from leyline.core.sessions import DEFAULT_TENANT
 from leyline.core.turns import SamplingParams, Turn
-from leyline.protocol import ErrorCode, LeylineError, Limits, Verb
+from leyline.protocol import ErrorCode, LeylineError, Verb
 from leyline.protocol.resources import ApplyDirectives, SessionCreate, SkillCreate
-from leyline.vllm.backend import VllmBackend, VllmSession
+from leyline.vllm.backend import VllmSession
 
 from ._fake_engine import FakeEngine, Value, computed_value, rotated_value
+from ._service import Stack, handle_of, one_token_turn, run, stack
 
 BLOCK = 4
 TOKENS = list(range(100, 122))  # 22 tokens: 5 full blocks and a partial one
@@ -26,18 +26,8 @@ SKILL = [500, 501, 502, 503, 504, 505, 506]
 ANCHOR = [600, 601, 602]
 
 
-def _run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
-def _stack(
-    secret: bytes | None = None, hold_blocks: int = 1000
-) -> tuple[SessionService[VllmSession], VllmBackend, FakeEngine]:
-    engine = FakeEngine(BLOCK, hold_blocks=hold_blocks)
-    backend = VllmBackend(
-        engine, None, limits=Limits(), vocab_size=1000, block_size=BLOCK, tenant_secret=secret
-    )
-    return SessionService(backend, SessionStore(backend)), backend, engine
+def _stack(secret: bytes | None = None, hold_blocks: int = 1000) -> Stack:
+    return stack(FakeEngine(BLOCK, hold_blocks=hold_blocks), tenant_secret=secret)
 
 
 def _register(
@@ -48,7 +38,7 @@ def _register(
     tenant: str = DEFAULT_TENANT,
 ) -> Any:
     body = SkillCreate(skill=skill, tokens=tokens, anchor={"tokens": anchor} if anchor else None)
-    return _run(service.create_skill(tenant, body))
+    return run(service.create_skill(tenant, body))
 
 
 def _compose(
@@ -59,10 +49,10 @@ def _compose(
     tenant: str = DEFAULT_TENANT,
     extra: tuple[dict[str, Any], ...] = (),
 ) -> tuple[str, Any]:
-    session = str(_run(service.create(tenant, SessionCreate(tokens=TOKENS))).session)
+    session = str(run(service.create(tenant, SessionCreate(tokens=TOKENS))).session)
     directive = {"verb": "compose", "skill": skill, "at": at, "seam_tokens": seam}
     body = ApplyDirectives(base_revision=1, directives=[directive, *extra])
-    return session, _run(service.apply(tenant, session, body))
+    return session, run(service.apply(tenant, session, body))
 
 
 def _chain(tokens: list[int]) -> list[Value]:
@@ -92,17 +82,6 @@ def _definition(at: int, seam: int, anchor: list[int]) -> list[Value]:
     return rows
 
 
-def _handle(service: SessionService[VllmSession], session: str) -> VllmSession:
-    return service.store.get(DEFAULT_TENANT, session).handle
-
-
-def _turn(backend: VllmBackend, handle: VllmSession, prompt: tuple[int, ...]) -> Any:
-    turn: Turn[VllmSession] = Turn(
-        handle, None, prompt, None, SamplingParams(max_new_tokens=1), lambda t: True, lambda: False
-    )
-    return _run(backend.run_turn(turn))
-
-
 def test_compose_is_offered_with_anchors() -> None:
     _, backend, _ = _stack()
     caps = backend.capabilities()
@@ -121,7 +100,7 @@ def test_a_compose_builds_its_definition_privately(at: int, seam: int, anchor: l
 
     session, reply = _compose(service, "rules", at, seam)
     new = TOKENS[:at] + SKILL + TOKENS[at:]
-    handle = _handle(service, session)
+    handle = handle_of(service, session)
     assert handle.view.tokens == tuple(new)
     assert reply.path == "splice" and reply.fallback_reason is None
     assert [(c.start, c.end) for c in reply.composed] == [(at, at + len(SKILL))]
@@ -138,10 +117,10 @@ def test_a_compose_builds_its_definition_privately(at: int, seam: int, anchor: l
 
     # The turn reads the build (its recipe names the private copy, never the hold), and
     # deleting the skill changes nothing for the session.
-    _run(service.delete_skill(DEFAULT_TENANT, "rules"))
+    run(service.delete_skill(DEFAULT_TENANT, "rules"))
     assert engine.requests[-1].order is not None
     assert engine.requests[-1].order.release == (hold.key,) and not engine.holds
-    outcome = _turn(backend, handle, tuple(new))
+    outcome = one_token_turn(backend, handle, tuple(new))
     turn = engine.requests[-1]
     assert outcome.prefill.fallback_reason is None
     assert turn.values[: len(new) - 1] == _definition(at, seam, anchor)[:-1]
@@ -153,12 +132,12 @@ def test_a_compose_turn_does_not_leave_its_skill_to_the_turn() -> None:
     so it runs before the turn (a recipe must not name the hold)."""
     service, backend, engine = _stack()
     _register(service, "rules", SKILL)
-    session = str(_run(service.create(DEFAULT_TENANT, SessionCreate(tokens=TOKENS))).session)
+    session = str(run(service.create(DEFAULT_TENANT, SessionCreate(tokens=TOKENS))).session)
     record = service.store.get(DEFAULT_TENANT, session)
     backend._rows_written = True  # a worker that has loaded rows: turns may defer
     directive = {"verb": "compose", "skill": "rules", "at": 9, "seam_tokens": 2}
     batch = ApplyDirectives(base_revision=1, directives=[directive]).directives
-    plan = _run(service.plan(record, batch, 1))
+    plan = run(service.plan(record, batch, 1))
     new = tuple(TOKENS[:9] + SKILL + TOKENS[9:])
     turn: Turn[VllmSession] = Turn(
         record.handle,
@@ -170,7 +149,7 @@ def test_a_compose_turn_does_not_leave_its_skill_to_the_turn() -> None:
         lambda: False,
     )
     before = len(engine.requests)
-    outcome = _run(backend.run_turn(turn))
+    outcome = run(backend.run_turn(turn))
     assert outcome.edit.fallback_reason is None
     built, ran = engine.requests[before:][-2:]
     assert built.tokens[: len(new)] == new and any(kv.startswith("held") for kv in built.kv)
@@ -198,9 +177,9 @@ def test_a_deleted_skill_is_gone_and_one_in_use_is_kept() -> None:
     _register(service, "rules", SKILL)
     with backend.skills.using(DEFAULT_TENANT, ["rules"]):
         with pytest.raises(LeylineError) as busy:
-            _run(service.delete_skill(DEFAULT_TENANT, "rules"))
+            run(service.delete_skill(DEFAULT_TENANT, "rules"))
         assert busy.value.code is ErrorCode.invalid_directive
-    _run(service.delete_skill(DEFAULT_TENANT, "rules"))
+    run(service.delete_skill(DEFAULT_TENANT, "rules"))
     with pytest.raises(LeylineError) as gone:
         _compose(service, "rules", 9, 2)
     assert gone.value.code is ErrorCode.unknown_skill

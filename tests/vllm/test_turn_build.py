@@ -6,7 +6,6 @@ row the same splice built alone (``apply``, then a turn) gives."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -23,14 +22,11 @@ from leyline.vllm.link import Answer
 from leyline.vllm.runner import Ran
 
 from ._fake_engine import FakeEngine, Value
-from .test_backend import BLOCK, TOKENS, _handle, _session, _splice, _stack
+from ._service import handle_of, run
+from .test_backend import BLOCK, TOKENS, _session, _splice, _stack
 
 TAIL = (90, 91, 92, 93, 94)
 """The turn's new message, after the edited sequence."""
-
-
-def _run(coro: Any) -> Any:
-    return asyncio.run(coro)
 
 
 def _turn(service: Any, session: str, directives: Sequence[dict[str, Any]], prompt: Any) -> Outcome:
@@ -40,7 +36,7 @@ def _turn(service: Any, session: str, directives: Sequence[dict[str, Any]], prom
     if directives:
         revision = record.handle.view.revision
         batch = ApplyDirectives(base_revision=revision, directives=list(directives)).directives
-        plan = _run(service.plan(record, batch, revision))
+        plan = run(service.plan(record, batch, revision))
     turn: Turn[VllmSession] = Turn(
         record.handle,
         plan,
@@ -50,7 +46,7 @@ def _turn(service: Any, session: str, directives: Sequence[dict[str, Any]], prom
         lambda t: True,
         lambda: False,
     )
-    outcome: Outcome = _run(service.backend.run_turn(turn))
+    outcome: Outcome = run(service.backend.run_turn(turn))
     return outcome
 
 
@@ -58,7 +54,7 @@ def _loaded_once(service: Any, backend: VllmBackend) -> None:
     """A splice built alone first: the backend has seen this worker load rows."""
     other = _session(service, TOKENS)
     body = ApplyDirectives(base_revision=1, directives=[_splice(0, 1, [5])])
-    _run(service.apply(DEFAULT_TENANT, other, body))
+    run(service.apply(DEFAULT_TENANT, other, body))
 
 
 def _values(engine: FakeEngine) -> list[Value]:
@@ -86,12 +82,12 @@ def test_every_row_is_the_one_a_separate_build_gives(name: str) -> None:
     start = len(engine.requests)
     alone = _session(service, TOKENS)
     body = ApplyDirectives(base_revision=1, directives=edits)
-    alone_edit = _run(service.apply(DEFAULT_TENANT, alone, body))
+    alone_edit = run(service.apply(DEFAULT_TENANT, alone, body))
     built_alone = len(engine.requests) - start - 1  # less the session's own prefill
-    new = _handle(service, alone).view.tokens
+    new = handle_of(service, alone).view.tokens
     alone_outcome = _turn(service, alone, [], (*new, *TAIL))
     expected = _values(engine)
-    follow = (*_handle(service, alone).view.tokens, 42)
+    follow = (*handle_of(service, alone).view.tokens, 42)
     _turn(service, alone, [], follow)
     expected_next = _values(engine)
 
@@ -120,7 +116,7 @@ def test_the_turn_runs_the_builds_last_request() -> None:
     # whole sequence padded with filler.
     old, run, turn = engine.requests[before:]
     assert old.tokens == padded(TOKENS, BLOCK) and run.tokens == padded(new[:7], BLOCK)
-    salt = _handle(service, session).private_salt
+    salt = handle_of(service, session).private_salt
     assert turn.tokens == (*new, *TAIL) and turn.salt == salt
     assert turn.kv[:4] == ["hit"] * 4
     assert turn.kv[4:7] == [f"loaded {salt} {p} 0" for p in range(4, 7)]
