@@ -1,16 +1,15 @@
 """What a checked plan asks of vLLM beyond its tokens: the rows a compose borrows from its
-skills' holds, a load order, and the batches the backend re-prefills instead of building
-(a splice or compose before a FORGET)."""
+skills' holds, and the batches the backend re-prefills instead of building (a splice or
+compose before a FORGET)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from leyline.core.batch import EditPlan
 from leyline.protocol import ErrorCode, FallbackReason, LeylineError
 from leyline.vllm.build import Borrowed
-from leyline.vllm.link import LoadSource, Order, RowRun, runs_of
+from leyline.vllm.link import RowRun, runs_of
 from leyline.vllm.skills import HeldSkill
 
 
@@ -19,21 +18,17 @@ def splice_kept_before_forget(plan: EditPlan) -> FallbackReason | None:
     and its earliest forget (a splice before the forget), or composes a block before it
     whose rows past the seam are the skill's: the re-prefill recomputes both."""
     forget_from, first_change = plan.forget_from, plan.result.first_change
-    kept = runs_of(plan.result.position_map)
-    if forget_from is not None and any(
+    if forget_from is None:
+        return None
+    splices_before = any(
         run.source_start < forget_from and run.dest_start + run.length > first_change
-        for run in kept
-    ):
-        return FallbackReason.unsupported_runtime
+        for run in runs_of(plan.result.position_map)
+    )
     # A block inserted at or before the forget's start (base positions) comes before it.
-    composed_before = [
-        c
-        for c in plan.composes
-        if forget_from is not None and c.seam_tokens < c.num_tokens and c.at <= forget_from
-    ]
-    if composed_before:
-        return FallbackReason.unsupported_runtime
-    return None
+    composes_before = any(
+        c.seam_tokens < c.num_tokens and c.at <= forget_from for c in plan.composes
+    )
+    return FallbackReason.unsupported_runtime if splices_before or composes_before else None
 
 
 def borrowed_rows(plan: EditPlan, skills: Sequence[HeldSkill]) -> list[Borrowed]:
@@ -55,8 +50,3 @@ def borrowed_rows(plan: EditPlan, skills: Sequence[HeldSkill]) -> list[Borrowed]
             run = RowRun(len(skill.anchor) + seam, where.start + seam, n - seam)
             out.append(Borrowed(skill.key, run))
     return out
-
-
-def load_order(source: tuple[str | None, tuple[int, ...]], runs: Sequence[Any]) -> Order:
-    salt, tokens = source
-    return Order(load=(LoadSource(salt, tokens, tuple(runs)),))
