@@ -228,6 +228,8 @@ class VllmBackend(HostBackend[VllmSession]):
         built: list[tuple[tuple[int, ...], int]] = []
         # Rows of the partial block before the first change that are loaded copies stay so.
         kept_recipe = recipe_within(handle.recipe, result.first_change)
+        # A build's last request may be left to the turn whose prompt extends the new tokens.
+        defer = then is not None and then[: len(plan.tokens)] == plan.tokens and self._rows_written
         if plan.forget_from is not None:
             # Everything from the first change on is computed afresh, in the session's
             # namespace, by the request that carries the purge (protocol 3.2, 3.4). A splice
@@ -248,13 +250,8 @@ class VllmBackend(HostBackend[VllmSession]):
             # is neither deleted nor evicted while the build runs.
             tenant = plan.tenant or DEFAULT_TENANT
             with self.skills.using(tenant, [c.skill for c in plan.composes]) as skills:
-                defer = then is not None and then[: len(plan.tokens)] == plan.tokens
                 report, recipe, built, deferred = await self._private_build(
-                    handle,
-                    plan,
-                    allow_fallback,
-                    defer=defer and self._rows_written,
-                    borrowed=borrowed_rows(plan, skills),
+                    handle, plan, allow_fallback, defer=defer, borrowed=borrowed_rows(plan, skills)
                 )
             computed = len(plan.tokens)
         elif plan.composes or (keeps_downstream_kv(plan) and self.refusal is not None):
@@ -277,9 +274,8 @@ class VllmBackend(HostBackend[VllmSession]):
             report = edit_report(plan, Path.splice, min(ran.cached_tokens, result.first_change), 0)
             computed, recipe = len(plan.tokens), kept_recipe
         else:
-            defer = then is not None and then[: len(plan.tokens)] == plan.tokens
             report, recipe, built, deferred = await self._private_build(
-                handle, plan, allow_fallback, defer=defer and self._rows_written
+                handle, plan, allow_fallback, defer=defer
             )
             computed = len(plan.tokens)
         handle.moved(result.position_map)
